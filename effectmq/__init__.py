@@ -1,0 +1,16 @@
+"""EffectMQ: a Redis task queue with at-least-once execution and fenced ownership."""
+
+from .errors import (
+    CANCELED, DEFECT, STALLED, TIMEOUT, CorruptValue, EffectMQError, ErrorInfo, InvalidOption,
+    InvalidPayload, LeaseLost, RedisUnavailable, TaskError, TaskFailed, TaskNotFound, UnknownTask,
+)
+from .models import MaintenanceReport, Offered, QueueStats, TaskInfo
+from .queue import Lease, TaskQueue
+from .retry import Exponential, Fixed
+
+__all__ = [
+    "TaskQueue", "Lease", "Offered", "TaskInfo", "QueueStats", "MaintenanceReport",
+    "LeaseLost", "TaskFailed", "TaskNotFound", "TaskError", "ErrorInfo", "EffectMQError",
+    "InvalidOption", "InvalidPayload", "RedisUnavailable", "CorruptValue", "UnknownTask",
+    "Fixed", "Exponential", "STALLED", "CANCELED", "TIMEOUT", "DEFECT",
+]

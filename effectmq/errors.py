@@ -1,0 +1,111 @@
+"""Exceptions raised by EffectMQ and the built-in error tags."""
+
+from __future__ import annotations
+
+from typing import Any
+
+STALLED = "~effectmq/Error/Stalled"
+CANCELED = "~effectmq/Error/Canceled"
+TIMEOUT = "~effectmq/Error/Timeout"
+DEFECT = "~effectmq/Error/Defect"
+BUILTIN_TAGS = (STALLED, CANCELED, TIMEOUT, DEFECT)
+
+
+class EffectMQError(Exception):
+    """Base class of every error EffectMQ raises."""
+
+
+class LeaseLost(EffectMQError):
+    """The caller no longer holds the task's current lease; nothing was changed."""
+
+    def __init__(self, task_id: str, operation: str):
+        super().__init__(f"lease lost: {operation} of task {task_id!r} rejected (not the current owner)")
+        self.task_id = task_id
+        self.operation = operation
+
+
+class TaskFailed(EffectMQError):
+    """`wait` on a task that ended failed or canceled."""
+
+    def __init__(self, task_id: str, state: str, error: "ErrorInfo | None"):
+        tag = error.tag if error else "?"
+        message = error.message if error else ""
+        super().__init__(f"task {task_id!r} {state}: {tag}: {message}")
+        self.task_id = task_id
+        self.state = state
+        self.error = error
+
+
+class TaskNotFound(EffectMQError, KeyError):
+    """No record of this task id (never offered, or its record expired)."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return str(self.args[0]) if self.args else "task not found"
+
+
+class InvalidPayload(EffectMQError, ValueError):
+    """A payload, result or progress value that is not plain JSON."""
+
+
+class InvalidOption(EffectMQError, ValueError):
+    """An option outside its allowed range (negative delay, bad priority, ...)."""
+
+
+class UnknownTask(EffectMQError, LookupError):
+    """A task name with no registered handler."""
+
+
+class RedisUnavailable(EffectMQError, ConnectionError):
+    """Redis could not be reached; the operation may not have happened."""
+
+
+class CorruptValue(EffectMQError):
+    """A stored value that is not valid JSON; it is reported, never executed."""
+
+
+class ErrorInfo:
+    """A stored error: its tag (declared name or built-in tag), message and data."""
+
+    __slots__ = ("tag", "message", "data", "kind")
+
+    def __init__(self, tag: str, message: str = "", data: Any = None, kind: str = "handler"):
+        self.tag = tag
+        self.message = message
+        self.data = data
+        self.kind = kind
+
+    def to_json(self) -> dict:
+        out = {"tag": self.tag, "message": self.message, "kind": self.kind}
+        if self.data is not None:
+            out["data"] = self.data
+        return out
+
+    @classmethod
+    def from_json(cls, value: dict) -> "ErrorInfo":
+        return cls(value.get("tag", DEFECT), value.get("message", ""), value.get("data"), value.get("kind", "handler"))
+
+    def __repr__(self) -> str:
+        return f"ErrorInfo(tag={self.tag!r}, message={self.message!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ErrorInfo) and self.to_json() == other.to_json()
+
+
+class TaskError(EffectMQError):
+    """Base for typed (declared) handler failures.
+
+    Subclass it; the tag is the class's ``tag`` attribute or its name. A failure
+    with ``retryable = False`` ends the task at once instead of following the
+    retry schedule.
+    """
+
+    tag: str | None = None
+    retryable: bool = True
+
+    def __init__(self, message: str = "", data: Any = None):
+        super().__init__(message)
+        self.data = data
+
+    @classmethod
+    def error_tag(cls) -> str:
+        return cls.tag or cls.__name__

@@ -1,0 +1,49 @@
+"""Redis key layout of a queue: every key shares the hash tag ``{<prefix>:<queue>}``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import InvalidOption
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$")
+INDEXES = ("waiting", "delayed", "active", "completed", "failed", "canceled")
+
+
+def check_queue_name(name: str) -> str:
+    if not isinstance(name, str) or not QUEUE_NAME.match(name):
+        raise InvalidOption(
+            f"invalid queue name {name!r}: 1-200 characters of letters, digits and . _ : / -, "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    prefix: str
+    queue: str
+
+    @property
+    def base(self) -> str:
+        return f"{{{self.prefix}:{self.queue}}}:"
+
+    def key(self, part: str) -> str:
+        return self.base + part
+
+    def task(self, task_id: str) -> str:
+        return self.base + "t:" + task_id
+
+    def done_channel(self, task_id: str) -> str:
+        return self.base + "done:" + task_id
+
+    @property
+    def wake_channel(self) -> str:
+        return self.base + "wake"
+
+    @property
+    def script_keys(self) -> list[str]:
+        """The KEYS every script receives, in the order lib.lua documents."""
+        b = self.base
+        return [b] + [b + part for part in (*INDEXES, "dedup", "meta", "events", "seq", "ready_since")]

@@ -1,0 +1,18 @@
+--[[ cancel: end a task that has not settled; an active attempt loses its lease.
+KEYS: the queue keys of lib.lua.
+ARGV[1] id  ARGV[2] error (JSON, tag ~effectmq/Error/Canceled)
+ARGV[3] retention_ms for canceled records (meta retention_failed_ms wins; -1 = keep)
+Returns: the state the task was in ("" when unknown); only waiting, delayed and
+active tasks are canceled.
+]]
+local id = ARGV[1]
+local key = task_key(id)
+local state = redis.call('HGET', key, 'state')
+if not state then return '' end
+if state ~= 'waiting' and state ~= 'delayed' and state ~= 'active' then return state end
+local now = now_ms()
+drop_from_indexes(id, state)
+redis.call('HSET', key, 'error', ARGV[2])
+emit('canceled', id, 'was', state)
+settle(id, key, 'canceled', K_CANCELED, meta_num('retention_failed_ms', ARGV[3]), now)
+return state

@@ -1,0 +1,149 @@
+--[[ lib.lua: helpers prepended to every script at load time.
+
+Every script receives the same queue-level KEYS (all share the queue's hash tag):
+  KEYS[1]  base        "{emq:<queue>}:"  task hashes are base.."t:"..id, channels
+                                          base.."wake" and base.."done:"..id
+  KEYS[2]  waiting     zset, score = -priority * 2^40 + seq (FIFO within priority)
+  KEYS[3]  delayed     zset, score = due time (ms)
+  KEYS[4]  active      zset, score = lease deadline (ms)
+  KEYS[5]  completed   zset, score = expiry of the record (ms, +inf = keep)
+  KEYS[6]  failed      zset (dead letters), score = expiry of the record
+  KEYS[7]  canceled    zset, score = expiry of the record
+  KEYS[8]  dedup       zset of forgotten explicit task ids, score = end of dedup window
+  KEYS[9]  meta        hash of queue-level settings (paused, max_active, ...)
+  KEYS[10] events      stream of lifecycle events, trimmed approximately
+  KEYS[11] seq         counter for FIFO order and lease tokens
+  KEYS[12] ready_since zset of waiting ids, score = time it became ready (oldest-waiting age)
+Task keys are derived from KEYS[1] and therefore hash to the same slot.
+All times come from Redis TIME, in milliseconds.
+]]
+local BASE = KEYS[1]
+local K_WAITING, K_DELAYED, K_ACTIVE = KEYS[2], KEYS[3], KEYS[4]
+local K_COMPLETED, K_FAILED, K_CANCELED = KEYS[5], KEYS[6], KEYS[7]
+local K_DEDUP, K_META, K_EVENTS, K_SEQ, K_READY_SINCE = KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local PRIORITY_SPAN = 1099511627776 -- 2^40 sequence numbers per priority band
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function task_key(id)
+  return BASE .. 't:' .. id
+end
+
+local meta_cache = nil
+-- Queue-level setting from the meta hash, or the caller's default.
+local function meta_num(field, fallback)
+  if meta_cache == nil then
+    meta_cache = {}
+    local flat = redis.call('HGETALL', K_META)
+    for i = 1, #flat, 2 do meta_cache[flat[i]] = flat[i + 1] end
+  end
+  local v = meta_cache[field]
+  if v ~= nil and v ~= '' then return tonumber(v) end
+  return tonumber(fallback)
+end
+
+-- A per-task option stored as a number, where -1 means "use the queue's value".
+local function task_option(key, field, meta_field, fallback)
+  local v = tonumber(redis.call('HGET', key, field) or '-1')
+  if v == nil or v < 0 then return meta_num(meta_field, fallback) end
+  return v
+end
+
+local function emit(event, id, ...)
+  local maxlen = meta_num('events_maxlen', 10000)
+  if maxlen > 0 then
+    redis.call('XADD', K_EVENTS, 'MAXLEN', '~', maxlen, '*', 'event', event, 'id', id, ...)
+  end
+end
+
+local function wake()
+  redis.call('PUBLISH', BASE .. 'wake', '1')
+end
+
+-- Put a task into the waiting index (its priority band, FIFO by seq).
+local function enqueue_waiting(id, key, now)
+  local prio = tonumber(redis.call('HGET', key, 'priority') or '0')
+  local seq = redis.call('INCR', K_SEQ)
+  redis.call('ZADD', K_WAITING, (-prio) * PRIORITY_SPAN + seq, id)
+  redis.call('ZADD', K_READY_SINCE, now, id)
+  redis.call('HSET', key, 'state', 'waiting', 'ready_at', now)
+end
+
+local function enqueue_delayed(id, key, due)
+  redis.call('ZADD', K_DELAYED, due, id)
+  redis.call('HSET', key, 'state', 'delayed', 'ready_at', due)
+end
+
+-- Drop a task record; an explicit id stays reserved in the dedup index.
+local function forget(id, key, now)
+  if redis.call('HGET', key, 'explicit_id') == '1' then
+    local window = meta_num('dedup_window_ms', 604800000)
+    redis.call('ZADD', K_DEDUP, now + window, id)
+  end
+  redis.call('DEL', key)
+end
+
+-- Move a task into a terminal state and its retention index; wake waiters.
+local function settle(id, key, state, index_key, retention_ms, now)
+  redis.call('HSET', key, 'state', state, 'finished_at', now, 'token', '')
+  redis.call('PUBLISH', BASE .. 'done:' .. id, state)
+  if retention_ms == 0 then
+    forget(id, key, now)
+  elseif retention_ms < 0 then
+    redis.call('ZADD', index_key, '+inf', id)
+  else
+    redis.call('ZADD', index_key, now + retention_ms, id)
+  end
+end
+
+-- Is the caller the current owner? Returns the task key when it is.
+local function owned(id, token)
+  local key = task_key(id)
+  local st = redis.call('HMGET', key, 'state', 'token')
+  if st[1] == 'active' and st[2] == token and token ~= '' then return key end
+  return nil
+end
+
+-- Did the same token already settle this task (a retried acknowledgement)?
+local function settled_by(id, token)
+  return token ~= '' and redis.call('HGET', task_key(id), 'last_token') == token
+end
+
+local function drop_from_indexes(id, state)
+  if state == 'waiting' then
+    redis.call('ZREM', K_WAITING, id)
+    redis.call('ZREM', K_READY_SINCE, id)
+  elseif state == 'delayed' then
+    redis.call('ZREM', K_DELAYED, id)
+  elseif state == 'active' then
+    redis.call('ZREM', K_ACTIVE, id)
+  elseif state == 'completed' then
+    redis.call('ZREM', K_COMPLETED, id)
+  elseif state == 'failed' then
+    redis.call('ZREM', K_FAILED, id)
+  elseif state == 'canceled' then
+    redis.call('ZREM', K_CANCELED, id)
+  end
+end
+
+-- Move delayed tasks that are due into waiting; at most `batch` of them.
+local function promote_due(now, batch)
+  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, batch)
+  for _, id in ipairs(due) do
+    redis.call('ZREM', K_DELAYED, id)
+    local key = task_key(id)
+    if redis.call('EXISTS', key) == 1 then
+      enqueue_waiting(id, key, now)
+    end
+  end
+  return #due
+end
+
+local function next_due()
+  local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
+  if first[2] then return tonumber(first[2]) end
+  return -1
+end

@@ -1,0 +1,39 @@
+--[[ offer: add one or more tasks; an id that exists (or is still reserved) is left untouched.
+KEYS: the queue keys of lib.lua.
+ARGV[1]   n, the number of tasks
+then per task, 9 values:
+  id, explicit_id (1|0), name, payload (JSON), delay_ms, priority,
+  max_retries (-1 = queue default), max_stalled_count (-1 = queue default),
+  options (JSON object of further per-task options, e.g. retry policy and timeout; may be '')
+Returns: one integer per task, 1 = created, 0 = already known (idempotent re-offer).
+]]
+local now = now_ms()
+local n = tonumber(ARGV[1])
+local created = {}
+local woke = false
+for i = 0, n - 1 do
+  local b = 2 + i * 9
+  local id = ARGV[b]
+  local key = task_key(id)
+  local reserved = redis.call('ZSCORE', K_DEDUP, id)
+  if redis.call('EXISTS', key) == 1 or (reserved and tonumber(reserved) > now) then
+    created[#created + 1] = 0
+  else
+    local delay = tonumber(ARGV[b + 4])
+    redis.call('HSET', key,
+      'name', ARGV[b + 2], 'payload', ARGV[b + 3], 'explicit_id', ARGV[b + 1],
+      'priority', ARGV[b + 5], 'max_retries', ARGV[b + 6], 'max_stalled_count', ARGV[b + 7],
+      'options', ARGV[b + 8], 'attempt', 0, 'handler_failure_count', 0,
+      'stalled_attempt_count', 0, 'created_at', now, 'token', '')
+    if delay > 0 then
+      enqueue_delayed(id, key, now + delay)
+    else
+      enqueue_waiting(id, key, now)
+      woke = true
+    end
+    emit('created', id, 'name', ARGV[b + 2])
+    created[#created + 1] = 1
+  end
+end
+if woke then wake() end
+return created

@@ -1,0 +1,10 @@
+--[[ progress: store the progress value of an owned task.
+KEYS: the queue keys of lib.lua.
+ARGV[1] id  ARGV[2] token  ARGV[3] progress (JSON)
+Returns: 1 = stored, 0 = lease lost.
+]]
+local key = owned(ARGV[1], ARGV[2])
+if not key then return 0 end
+redis.call('HSET', key, 'progress', ARGV[3], 'progress_at', now_ms())
+emit('progress', ARGV[1], 'progress', ARGV[3])
+return 1

@@ -1,0 +1,21 @@
+--[[ renew: extend the leases the caller still owns.
+KEYS: the queue keys of lib.lua.
+ARGV[1] lock_timeout_ms (the queue's meta lock_timeout_ms wins when set)
+then pairs: id, token
+Returns: {now, deadline, owned...} with owned = 1 (renewed) or 0 (lease lost) per pair.
+]]
+local now = now_ms()
+local deadline = now + meta_num('lock_timeout_ms', ARGV[1])
+local out = {now, deadline}
+for i = 2, #ARGV, 2 do
+  local id = ARGV[i]
+  local key = owned(id, ARGV[i + 1])
+  if key then
+    redis.call('HSET', key, 'lock_until', deadline)
+    redis.call('ZADD', K_ACTIVE, 'XX', deadline, id)
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out

@@ -1,0 +1,19 @@
+--[[ retry: put a failed or canceled task back to waiting with fresh failure counters.
+KEYS: the queue keys of lib.lua.
+ARGV[1] id
+Returns: the state the task was in ("" when unknown); only failed and canceled
+tasks are retried.
+]]
+local id = ARGV[1]
+local key = task_key(id)
+local state = redis.call('HGET', key, 'state')
+if not state then return '' end
+if state ~= 'failed' and state ~= 'canceled' then return state end
+local now = now_ms()
+drop_from_indexes(id, state)
+redis.call('HSET', key, 'handler_failure_count', 0, 'stalled_attempt_count', 0, 'finished_at', '')
+redis.call('HDEL', key, 'error')
+enqueue_waiting(id, key, now)
+emit('retried', id, 'was', state)
+wake()
+return state

@@ -1,0 +1,164 @@
+"""Plain records returned by the engine, and their parsing from Redis replies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, NamedTuple
+
+from . import codec
+from .errors import CorruptValue, ErrorInfo
+
+TERMINAL_STATES = ("completed", "failed", "canceled")
+
+
+class Offered(NamedTuple):
+    task_id: str
+    created: bool
+
+
+def _ms_to_datetime(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromtimestamp(int(value) / 1000, tz=timezone.utc)
+
+
+@dataclass
+class TaskInfo:
+    task_id: str
+    name: str
+    state: str
+    payload: Any
+    attempt: int
+    handler_failure_count: int
+    stalled_attempt_count: int
+    priority: int
+    result: Any = None
+    error: ErrorInfo | None = None
+    progress: Any = None
+    max_retries: int | None = None
+    max_stalled_count: int | None = None
+    options: dict = field(default_factory=dict)
+    created_at: datetime | None = None
+    ready_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    lease_deadline: datetime | None = None
+    corrupt: str | None = None  # why a stored value could not be decoded
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    def to_json(self) -> dict:
+        def ts(value: datetime | None) -> str | None:
+            return value.isoformat() if value else None
+
+        return {
+            "task_id": self.task_id, "name": self.name, "state": self.state,
+            "payload": self.payload, "attempt": self.attempt,
+            "handler_failure_count": self.handler_failure_count,
+            "stalled_attempt_count": self.stalled_attempt_count, "priority": self.priority,
+            "result": self.result, "error": self.error.to_json() if self.error else None,
+            "progress": self.progress, "max_retries": self.max_retries,
+            "max_stalled_count": self.max_stalled_count, "options": self.options,
+            "created_at": ts(self.created_at), "ready_at": ts(self.ready_at),
+            "started_at": ts(self.started_at), "finished_at": ts(self.finished_at),
+            "lease_deadline": ts(self.lease_deadline) if self.state == "active" else None,
+            "corrupt": self.corrupt,
+        }
+
+
+def _optional_int(value: str | None) -> int | None:
+    if value is None or value == "" or int(value) < 0:
+        return None
+    return int(value)
+
+
+def parse_task(task_id: str, h: dict[str, str]) -> TaskInfo:
+    """Build a TaskInfo from a task hash; corrupt JSON is reported, not raised."""
+    problems: list[str] = []
+
+    def decode(name: str) -> Any:
+        try:
+            return codec.loads(h.get(name), name)
+        except CorruptValue as exc:
+            problems.append(str(exc))
+            return h.get(name)
+
+    error = decode("error")
+    options = decode("options")
+    return TaskInfo(
+        task_id=task_id,
+        name=h.get("name", ""),
+        state=h.get("state", "?"),
+        payload=decode("payload"),
+        attempt=int(h.get("attempt", 0)),
+        handler_failure_count=int(h.get("handler_failure_count", 0)),
+        stalled_attempt_count=int(h.get("stalled_attempt_count", 0)),
+        priority=int(h.get("priority", 0)),
+        result=decode("result"),
+        error=ErrorInfo.from_json(error) if isinstance(error, dict) else None,
+        progress=decode("progress"),
+        max_retries=_optional_int(h.get("max_retries")),
+        max_stalled_count=_optional_int(h.get("max_stalled_count")),
+        options=options if isinstance(options, dict) else {},
+        created_at=_ms_to_datetime(h.get("created_at")),
+        ready_at=_ms_to_datetime(h.get("ready_at")),
+        started_at=_ms_to_datetime(h.get("started_at")),
+        finished_at=_ms_to_datetime(h.get("finished_at")),
+        lease_deadline=_ms_to_datetime(h.get("lock_until")),
+        corrupt="; ".join(problems) or None,
+    )
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    queue: str
+    waiting: int
+    delayed: int
+    active: int
+    completed: int
+    failed: int
+    canceled: int
+    oldest_waiting_seconds: float
+    paused: bool
+    max_active: int
+
+    @property
+    def backlog(self) -> int:
+        """Tasks that want a worker now or hold one: ready plus in flight."""
+        return self.waiting + self.active
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def parse_stats(queue: str, reply: list) -> QueueStats:
+    now, waiting, delayed, active, completed, failed, canceled, oldest, paused, max_active = map(int, reply)
+    return QueueStats(
+        queue, waiting, delayed, active, completed, failed, canceled,
+        max(0.0, (now - oldest) / 1000) if oldest >= 0 else 0.0, bool(paused), max_active,
+    )
+
+
+@dataclass(frozen=True)
+class MaintenanceReport:
+    recovered: int  # expired leases handed back to waiting (one stall counted each)
+    stalled_failed: int  # expired leases that exceeded max_stalled_count
+    promoted: int  # delayed tasks that became due
+    expired_records: int  # terminal records removed after their retention
+    expired_reservations: int  # dedup reservations whose window ended
+    more: bool  # a sweep hit its batch: call again soon
+
+    @property
+    def touched(self) -> int:
+        return self.recovered + self.stalled_failed + self.promoted + self.expired_records + self.expired_reservations
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def parse_maintenance(reply: list) -> MaintenanceReport:
+    r = [int(x) for x in reply]
+    return MaintenanceReport(r[0], r[1], r[2], r[3], r[4], bool(r[5]))

@@ -1,0 +1,554 @@
+"""The engine: `TaskQueue` and `Lease`, the fenced-lease protocol over Redis.
+
+Every state transition is one Lua script (see ``lua/``); this module validates
+input, encodes it, calls the script and turns the reply into records or errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import secrets
+import time
+import uuid
+from typing import Any, AsyncIterator, Iterable, Sequence
+
+import redis.asyncio as aioredis
+import redis.exceptions as redis_errors
+
+from . import codec, models, retry as retry_policies, scripts
+from .errors import (
+    CANCELED, DEFECT, STALLED, ErrorInfo, InvalidOption, LeaseLost, RedisUnavailable,
+    TaskError, TaskFailed, TaskNotFound,
+)
+from .keys import INDEXES, QueueKeys, check_queue_name
+from .models import MaintenanceReport, Offered, QueueStats, TaskInfo
+
+DEFAULT_URL = "redis://localhost:6379/0"
+MAX_PRIORITY = 1000
+MAX_ID_LENGTH = 512
+# Settings a queue keeps in Redis so that producers, workers and the operator agree.
+SETTINGS = {
+    "paused": "paused",
+    "max_active": "max_active",
+    "max_retries": "max_retries",
+    "max_stalled_count": "max_stalled_count",
+    "lock_timeout": "lock_timeout_ms",
+    "retention_completed": "retention_completed_ms",
+    "retention_failed": "retention_failed_ms",
+    "dedup_window": "dedup_window_ms",
+    "events_maxlen": "events_maxlen",
+    "retry": "retry",
+}
+_SECONDS_SETTINGS = {"lock_timeout", "retention_completed", "retention_failed", "dedup_window"}
+
+
+def _ms(seconds: float) -> int:
+    return int(round(seconds * 1000))
+
+
+def _retention_ms(seconds: float | None) -> int:
+    """Retention in ms for the scripts; None or a negative value keeps records forever."""
+    return -1 if seconds is None or seconds < 0 else _ms(seconds)
+
+
+def _check_number(name: str, value: Any, *, minimum: float = 0, integer: bool = False, allow_none=True):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        kind = "an integer" if integer else "a number"
+        raise InvalidOption(f"{name} must be {kind}, got {value!r}")
+    if not math.isfinite(value) or value < minimum:
+        raise InvalidOption(f"{name} must be >= {minimum}, got {value!r}")
+    return value
+
+
+def offer_argv(task_name: str, payload: Any, *, task_id: str | None = None, delay: float | None = None,
+               priority: int = 0, max_retries: int | None = None, max_stalled_count: int | None = None,
+               retry: Any = None, timeout: float | None = None) -> tuple[str, list]:
+    """Validate one offer and encode it as the 9 ARGV values offer.lua expects."""
+    if not isinstance(task_name, str) or not task_name or len(task_name) > 200:
+        raise InvalidOption(f"task name must be a non-empty string of at most 200 characters, got {task_name!r}")
+    explicit = task_id is not None
+    if explicit and (not isinstance(task_id, str) or not task_id or len(task_id) > MAX_ID_LENGTH):
+        raise InvalidOption(f"task_id must be a non-empty string of at most {MAX_ID_LENGTH} characters")
+    _check_number("delay", delay)
+    _check_number("priority", priority, minimum=-MAX_PRIORITY, integer=True, allow_none=False)
+    if priority > MAX_PRIORITY:
+        raise InvalidOption(f"priority must be between {-MAX_PRIORITY} and {MAX_PRIORITY}, got {priority}")
+    _check_number("max_retries", max_retries, integer=True)
+    _check_number("max_stalled_count", max_stalled_count, integer=True)
+    _check_number("timeout", timeout, minimum=0.001)
+    options: dict[str, Any] = {}
+    if retry is not None:
+        options["retry"] = retry_policies.to_json(retry)
+    if timeout is not None:
+        options["timeout"] = timeout
+    tid = task_id if explicit else uuid.uuid4().hex
+    return tid, [
+        tid, 1 if explicit else 0, task_name, codec.dumps(payload, f"payload of {task_name!r}"),
+        _ms(delay or 0), priority,
+        -1 if max_retries is None else max_retries,
+        -1 if max_stalled_count is None else max_stalled_count,
+        codec.dumps(options) if options else "",
+    ]
+
+
+def error_info(error: Any, declared: Sequence[type[BaseException]] = ()) -> tuple[ErrorInfo, bool]:
+    """Turn what a handler raised (or a caller passed) into a stored error and retryability."""
+    if isinstance(error, ErrorInfo):
+        return error, True
+    if isinstance(error, TaskError):
+        return ErrorInfo(error.error_tag(), str(error), error.data), error.retryable
+    if isinstance(error, BaseException):
+        if declared and isinstance(error, tuple(declared)):
+            return ErrorInfo(type(error).__name__, str(error)), True
+        return ErrorInfo(DEFECT, f"{type(error).__name__}: {error}"), True
+    if isinstance(error, str):
+        return ErrorInfo(error), True
+    if isinstance(error, dict) and "tag" in error:
+        return ErrorInfo.from_json(error), True
+    raise InvalidOption(f"fail() takes an exception, an ErrorInfo, a tag string or a dict with 'tag', got {error!r}")
+
+
+class Lease:
+    """Ownership of one attempt of a task. Every write is fenced by `token`."""
+
+    __slots__ = (
+        "queue", "task_id", "token", "attempt", "name", "_raw_payload", "handler_failure_count",
+        "stalled_attempt_count", "max_retries", "options", "priority", "deadline_ms",
+        "confirmed_until", "lock_timeout",
+    )
+
+    def __init__(self, queue: "TaskQueue", fields: Sequence, deadline_ms: int, confirmed_until: float,
+                 lock_timeout: float):
+        (self.task_id, self.token, attempt, self.name, self._raw_payload, hfc, sac, max_retries,
+         options, priority) = fields
+        self.queue = queue
+        self.attempt = int(attempt)
+        self.handler_failure_count = int(hfc)
+        self.stalled_attempt_count = int(sac)
+        self.max_retries = models._optional_int(max_retries)
+        try:
+            self.options = codec.loads(options, "options") or {}
+        except Exception:
+            self.options = {}
+        self.priority = int(priority or 0)
+        self.deadline_ms = deadline_ms
+        # Local monotonic instant by which the lease is certainly still ours.
+        self.confirmed_until = confirmed_until
+        self.lock_timeout = lock_timeout
+
+    @property
+    def payload(self) -> Any:
+        """The decoded payload; raises CorruptValue when the stored value is not JSON."""
+        return codec.loads(self._raw_payload, f"payload of task {self.task_id!r}")
+
+    def __repr__(self) -> str:
+        return f"Lease(task_id={self.task_id!r}, name={self.name!r}, attempt={self.attempt})"
+
+    async def renew(self) -> None:
+        """Extend the lease; raises LeaseLost when this attempt is no longer the owner."""
+        owned = await self.queue._renew([self])
+        if not owned[0]:
+            raise LeaseLost(self.task_id, "renew")
+
+    async def complete(self, result: Any = None) -> None:
+        q = self.queue
+        argv = [self.task_id, self.token, codec.dumps(result, "result"), _retention_ms(q.retention_completed)]
+        if await q._call("complete", argv) == 0:
+            raise LeaseLost(self.task_id, "complete")
+
+    async def fail(self, error: Any, *, retryable: bool | None = None, retry: Any = None,
+                   declared: Sequence[type[BaseException]] = ()) -> bool:
+        """Record a typed failure. Returns True when a retry was scheduled.
+
+        The next attempt's delay comes from `retry` (a handler's policy), else the
+        task's own policy, else the queue's; `retryable=False` ends the task now.
+        """
+        q = self.queue
+        info, can_retry = error_info(error, declared)
+        if retryable is not None:
+            can_retry = retryable
+        policy = retry or retry_policies.from_json(self.options.get("retry")) or q.retry_policy
+        delay = retry_policies.delay_for(policy, self.handler_failure_count + 1) if can_retry else -1
+        argv = [self.task_id, self.token, codec.dumps(info.to_json(), "error"),
+                _ms(delay) if delay >= 0 else -1, q.max_retries, _retention_ms(q.retention_failed)]
+        status, _failures, _retry_at = await q._call("fail", argv)
+        if status == 0:
+            raise LeaseLost(self.task_id, "fail")
+        return status == 1
+
+    async def release(self, *, delay: float = 0) -> None:
+        """Give the task back without counting a failure (shutdown, not my kind of task)."""
+        _check_number("delay", delay, allow_none=False)
+        if await self.queue._call("release", [self.task_id, self.token, _ms(delay)]) == 0:
+            raise LeaseLost(self.task_id, "release")
+
+    async def progress(self, value: Any) -> None:
+        if await self.queue._call("progress", [self.task_id, self.token, codec.dumps(value, "progress")]) == 0:
+            raise LeaseLost(self.task_id, "progress")
+
+
+class WakeSignal:
+    """Set whenever the queue may have become ready (offer, release, resume, recovery).
+
+    Subscribed before the first acquire, so an offer between an empty acquire and
+    the wait is never missed; a lost subscription sets the event (caller re-checks).
+    """
+
+    def __init__(self, queue: "TaskQueue"):
+        self.queue = queue
+        self.event = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._ready = asyncio.Event()
+
+    async def start(self) -> "WakeSignal":
+        self._task = asyncio.create_task(self._listen(), name=f"effectmq-wake-{self.queue.name}")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), 5)
+        return self
+
+    async def _listen(self) -> None:
+        backoff = 0.05
+        while True:
+            pubsub = self.queue.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.queue.keys.wake_channel)
+                self._ready.set()
+                backoff = 0.05
+                async for _message in pubsub.listen():
+                    self.event.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.event.set()  # we may have missed a signal: let the owner look
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    async def wait(self, timeout: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.event.wait(), timeout)
+
+    async def close(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+
+class TaskQueue:
+    """One named queue on Redis: offer, acquire under a lease, inspect, maintain."""
+
+    def __init__(self, name: str, *, redis: aioredis.Redis | None = None, url: str | None = None,
+                 prefix: str = "emq", lock_timeout: float = 30.0, max_retries: int = 3,
+                 max_stalled_count: int = 1, retry: Any = None, retention_completed: float | None = 86400.0,
+                 retention_failed: float | None = 604800.0, promote_batch: int = 100,
+                 max_connections: int | None = None):
+        self.name = check_queue_name(name)
+        _check_number("lock_timeout", lock_timeout, minimum=0.01, allow_none=False)
+        _check_number("max_retries", max_retries, integer=True, allow_none=False)
+        _check_number("max_stalled_count", max_stalled_count, integer=True, allow_none=False)
+        _check_number("promote_batch", promote_batch, minimum=1, integer=True, allow_none=False)
+        self.keys = QueueKeys(prefix, self.name)
+        self.url = url or os.environ.get("EFFECTMQ_REDIS_URL") or DEFAULT_URL
+        self._owns_client = redis is None
+        if redis is None:
+            redis = aioredis.Redis.from_url(
+                self.url, decode_responses=True, socket_connect_timeout=5, health_check_interval=30,
+                max_connections=max_connections,
+            )
+        elif not redis.connection_pool.connection_kwargs.get("decode_responses"):
+            raise InvalidOption("pass a redis client created with decode_responses=True")
+        self.redis = redis
+        self.lock_timeout = float(lock_timeout)
+        self.max_retries = max_retries
+        self.max_stalled_count = max_stalled_count
+        self.retry_policy = retry or retry_policies.DEFAULT_POLICY
+        self.retention_completed = retention_completed
+        self.retention_failed = retention_failed
+        self.promote_batch = promote_batch
+        self._scripts = scripts.register_all(self.redis)
+        self._script_keys = self.keys.script_keys
+        self._token_prefix = secrets.token_hex(6)
+
+    def __repr__(self) -> str:
+        return f"TaskQueue({self.name!r})"
+
+    async def __aenter__(self) -> "TaskQueue":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self.redis.aclose()
+
+    def _unavailable(self, exc: Exception) -> RedisUnavailable:
+        where = self.url if self._owns_client else "the given client"
+        return RedisUnavailable(f"Redis unavailable at {where} (queue {self.name!r}): {exc}")
+
+    async def _call(self, operation: str, argv: list, client=None) -> Any:
+        try:
+            return await self._scripts[operation](keys=self._script_keys, args=argv, client=client)
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+            raise self._unavailable(exc) from exc
+
+    # -- producers ---------------------------------------------------------
+
+    async def offer(self, task_name: str, payload: Any = None, *, task_id: str | None = None,
+                    delay: float | None = None, priority: int = 0, max_retries: int | None = None,
+                    max_stalled_count: int | None = None, retry: Any = None,
+                    timeout: float | None = None) -> Offered:
+        """Add a task. The same task_id twice gives created=False and leaves the task untouched."""
+        tid, argv = offer_argv(task_name, payload, task_id=task_id, delay=delay, priority=priority,
+                               max_retries=max_retries, max_stalled_count=max_stalled_count,
+                               retry=retry, timeout=timeout)
+        created = await self._call("offer", [1, *argv])
+        return Offered(tid, bool(created[0]))
+
+    async def offer_many(self, tasks: Iterable[Any]) -> list[Offered]:
+        """Offer a batch in one round trip. Items: (name, payload), (name, payload, options)
+        or dicts {"name": ..., "payload": ..., **options}. All are validated first."""
+        ids: list[str] = []
+        argv: list = []
+        for item in tasks:
+            if isinstance(item, dict):
+                item = dict(item)
+                name = item.pop("name", None) or item.pop("task_name", None)
+                payload = item.pop("payload", None)
+                options = item
+            elif isinstance(item, (tuple, list)) and len(item) in (2, 3):
+                name, payload = item[0], item[1]
+                options = dict(item[2]) if len(item) == 3 else {}
+            else:
+                raise InvalidOption(f"offer_many items are (name, payload[, options]) or dicts, got {item!r}")
+            try:
+                tid, one = offer_argv(name, payload, **options)
+            except TypeError as exc:
+                raise InvalidOption(f"invalid offer options {sorted(options)}: {exc}") from None
+            ids.append(tid)
+            argv.extend(one)
+        if not ids:
+            return []
+        created = await self._call("offer", [len(ids), *argv])
+        return [Offered(tid, bool(c)) for tid, c in zip(ids, created)]
+
+    # -- workers -----------------------------------------------------------
+
+    async def acquire(self, *, lock_timeout: float | None = None) -> Lease | None:
+        """Lease the next ready task, or None when nothing is ready (or the queue is paused)."""
+        leases, _ = await self.acquire_many(1, lock_timeout=lock_timeout)
+        return leases[0] if leases else None
+
+    async def acquire_many(self, count: int, *, lock_timeout: float | None = None) -> tuple[list[Lease], float | None]:
+        """Lease up to `count` ready tasks in one round trip.
+
+        Returns the leases and the seconds until the next delayed task is due
+        (None when there is none), so an idle worker knows how long it may sleep.
+        """
+        _check_number("count", count, minimum=1, integer=True, allow_none=False)
+        lt = self.lock_timeout if lock_timeout is None else lock_timeout
+        _check_number("lock_timeout", lt, minimum=0.01, allow_none=False)
+        sent = time.monotonic()
+        reply = await self._call("acquire", [count, _ms(lt), self._token_prefix, self.promote_batch])
+        now, deadline, next_due = int(reply[0]), int(reply[1]), int(reply[2])
+        granted = (deadline - now) / 1000  # the server's lease length (queue settings win)
+        leases = [
+            Lease(self, reply[i:i + 10], deadline, sent + granted, granted)
+            for i in range(4, len(reply), 10)
+        ]
+        return leases, (max(0.0, (next_due - now) / 1000) if next_due >= 0 else None)
+
+    async def _renew(self, leases: Sequence[Lease]) -> list[bool]:
+        """Renew many leases in one round trip; updates each lease's confirmed deadline."""
+        argv: list = [_ms(self.lock_timeout)]
+        for lease in leases:
+            argv += [lease.task_id, lease.token]
+        sent = time.monotonic()
+        reply = await self._call("renew", argv)
+        now, deadline = int(reply[0]), int(reply[1])
+        granted = (deadline - now) / 1000
+        owned = [bool(x) for x in reply[2:]]
+        for lease, ok in zip(leases, owned):
+            if ok:
+                lease.deadline_ms = deadline
+                lease.confirmed_until = sent + granted
+                lease.lock_timeout = granted
+        return owned
+
+    def wake_signal(self) -> WakeSignal:
+        return WakeSignal(self)
+
+    # -- inspection and administration --------------------------------------
+
+    async def get(self, task_id: str) -> TaskInfo | None:
+        try:
+            h = await self.redis.hgetall(self.keys.task(task_id))
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+            raise self._unavailable(exc) from exc
+        return models.parse_task(task_id, h) if h else None
+
+    async def wait(self, task_id: str, *, timeout: float | None = None) -> Any:
+        """The task's result once it completed; raises TaskFailed, TaskNotFound or TimeoutError.
+
+        Subscribes before reading the stored state, so a completion between the
+        two is never missed.
+        """
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(self.keys.done_channel(task_id))
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                info = await self.get(task_id)
+                if info is None:
+                    raise TaskNotFound(f"task {task_id!r} not found in queue {self.name!r}")
+                if info.state == "completed":
+                    return info.result
+                if info.state in ("failed", "canceled"):
+                    raise TaskFailed(task_id, info.state, info.error)
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"task {task_id!r} still {info.state} after {timeout}s")
+                # A bounded wait doubles as a re-check if the subscription dropped.
+                await pubsub.get_message(timeout=min(remaining or 5.0, 5.0))
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+            raise self._unavailable(exc) from exc
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    async def cancel(self, task_id: str) -> str | None:
+        """Cancel a waiting, delayed or active task (an active attempt loses its lease).
+
+        Returns the state the task was in, or None when there is no such task.
+        """
+        err = codec.dumps(ErrorInfo(CANCELED, "canceled by request", kind="cancel").to_json())
+        was = await self._call("cancel", [task_id, err, _retention_ms(self.retention_failed)])
+        return was or None
+
+    async def retry(self, task_id: str) -> str | None:
+        """Send a failed or canceled task back to waiting with fresh failure counters.
+
+        Returns the state the task was in, or None when there is no such task.
+        """
+        return (await self._call("retry", [task_id])) or None
+
+    async def configure(self, **settings: Any) -> None:
+        """Write queue-level settings read by every producer, worker and script.
+
+        Keys: paused, max_active, max_retries, max_stalled_count, lock_timeout,
+        retention_completed, retention_failed, dedup_window, events_maxlen, retry.
+        A value of None resets that setting to the default.
+        """
+        argv: list = []
+        for key, value in settings.items():
+            if key not in SETTINGS:
+                raise InvalidOption(f"unknown queue setting {key!r}; known: {', '.join(SETTINGS)}")
+            if value is None:
+                encoded = ""
+            elif key == "paused":
+                encoded = "1" if value else "0"
+            elif key == "retry":
+                encoded = codec.dumps(retry_policies.to_json(value))
+            elif key in _SECONDS_SETTINGS:
+                _check_number(key, value, minimum=-1 if key.startswith("retention") else 0.001)
+                encoded = str(_retention_ms(value) if key.startswith("retention") else _ms(value))
+            else:
+                _check_number(key, value, integer=True)
+                encoded = str(value)
+            argv += [SETTINGS[key], encoded]
+        if argv:
+            await self._call("configure", argv)
+
+    async def settings(self) -> dict[str, Any]:
+        """Queue-level settings currently stored in Redis (seconds for durations)."""
+        try:
+            raw = await self.redis.hgetall(self.keys.key("meta"))
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+            raise self._unavailable(exc) from exc
+        out: dict[str, Any] = {}
+        for key, field in SETTINGS.items():
+            if field not in raw:
+                continue
+            value = raw[field]
+            if key == "paused":
+                out[key] = value == "1"
+            elif key == "retry":
+                out[key] = retry_policies.from_json(codec.loads(value, "retry setting"))
+            elif key in _SECONDS_SETTINGS:
+                out[key] = int(value) / 1000 if int(value) >= 0 else None
+            else:
+                out[key] = int(value)
+        return out
+
+    async def refresh_settings(self) -> dict[str, Any]:
+        """Adopt the stored queue-level defaults (used by long-running workers)."""
+        stored = await self.settings()
+        for key in ("max_retries", "max_stalled_count", "lock_timeout", "retention_completed", "retention_failed"):
+            if key in stored and stored[key] is not None:
+                setattr(self, key, stored[key])
+        if stored.get("retry"):
+            self.retry_policy = stored["retry"]
+        return stored
+
+    async def pause(self) -> None:
+        await self.configure(paused=True)
+
+    async def resume(self) -> None:
+        await self.configure(paused=False)
+
+    async def stats(self) -> QueueStats:
+        return models.parse_stats(self.name, await self._call("stats", []))
+
+    async def maintain(self, *, batch: int = 100) -> MaintenanceReport:
+        """One bounded pass: recover expired leases, promote due tasks, expire records."""
+        _check_number("batch", batch, minimum=1, integer=True, allow_none=False)
+        err = codec.dumps(ErrorInfo(STALLED, "lease expired too many times", kind="stall").to_json())
+        reply = await self._call("maintain", [batch, self.max_stalled_count, err,
+                                              _retention_ms(self.retention_failed)])
+        return models.parse_maintenance(reply)
+
+    async def list_tasks(self, state: str, *, limit: int = 100, offset: int = 0) -> list[TaskInfo]:
+        """Tasks in one state index, in index order (bounded by `limit`)."""
+        if state not in INDEXES:
+            raise InvalidOption(f"unknown state {state!r}; known: {', '.join(INDEXES)}")
+        _check_number("limit", limit, minimum=1, integer=True, allow_none=False)
+        try:
+            ids = await self.redis.zrange(self.keys.key(state), offset, offset + limit - 1)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for tid in ids:
+                    pipe.hgetall(self.keys.task(tid))
+                hashes = await pipe.execute()
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+            raise self._unavailable(exc) from exc
+        return [models.parse_task(tid, h) for tid, h in zip(ids, hashes) if h]
+
+    async def dead_letters(self, *, limit: int = 100, offset: int = 0) -> list[TaskInfo]:
+        """Tasks that failed for good (handler failures past max_retries, stalls, defects)."""
+        return await self.list_tasks("failed", limit=limit, offset=offset)
+
+    async def events(self, *, since: str = "$", block: float = 5.0, count: int = 100) -> AsyncIterator[dict]:
+        """Follow the lifecycle event stream (created, active, progress, completed, failed, ...)."""
+        last = since
+        while True:
+            try:
+                reply = await self.redis.xread({self.keys.key("events"): last}, count=count, block=_ms(block))
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+                raise self._unavailable(exc) from exc
+            for _stream, entries in reply or []:
+                for entry_id, fields in entries:
+                    last = entry_id
+                    yield {"event_id": entry_id, **fields}
+
+    async def ping(self) -> None:
+        try:
+            await self.redis.ping()
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+            raise self._unavailable(exc) from exc

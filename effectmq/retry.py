@@ -1,0 +1,95 @@
+"""Retry schedules: how long to wait before the next attempt after a typed failure.
+
+A policy maps the number of handler failures so far (1 after the first) to a delay
+in seconds. Fixed and Exponential serialize to JSON, so they can travel with a task
+or sit in the queue's settings; any callable works as a custom policy in code.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable, Union
+
+from .errors import InvalidOption
+
+
+@dataclass(frozen=True)
+class Fixed:
+    delay: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.delay < 0:
+            raise InvalidOption(f"retry delay must be >= 0, got {self.delay}")
+
+    def __call__(self, failures: int) -> float:
+        return self.delay
+
+    def to_json(self) -> dict:
+        return {"backoff": "Fixed", "initialDelaySeconds": self.delay}
+
+
+@dataclass(frozen=True)
+class Exponential:
+    initial: float = 1.0
+    maximum: float = 300.0
+    factor: float = 2.0
+    jitter: bool = True
+
+    def __post_init__(self) -> None:
+        if self.initial < 0 or self.maximum < 0:
+            raise InvalidOption("retry delays must be >= 0")
+        if self.factor < 1:
+            raise InvalidOption(f"retry factor must be >= 1, got {self.factor}")
+
+    def __call__(self, failures: int) -> float:
+        base = min(self.maximum, self.initial * self.factor ** max(0, failures - 1))
+        if self.jitter:  # "full jitter" spreads a burst of failures over the window
+            return random.uniform(base / 2, base)
+        return base
+
+    def to_json(self) -> dict:
+        return {
+            "backoff": "Exponential",
+            "initialDelaySeconds": self.initial,
+            "maxDelaySeconds": self.maximum,
+            "factor": self.factor,
+            "jitter": self.jitter,
+        }
+
+
+RetryPolicy = Union[Fixed, Exponential, Callable[[int], float]]
+DEFAULT_POLICY = Exponential()
+
+
+def from_json(spec: dict | None) -> Fixed | Exponential | None:
+    """Parse the JSON (or CRD) form of a policy; None for no policy."""
+    if not spec:
+        return None
+    kind = spec.get("backoff", "Exponential")
+    if kind == "Fixed":
+        return Fixed(float(spec.get("initialDelaySeconds", 1.0)))
+    if kind == "Exponential":
+        return Exponential(
+            float(spec.get("initialDelaySeconds", 1.0)),
+            float(spec.get("maxDelaySeconds", 300.0)),
+            float(spec.get("factor", 2.0)),
+            bool(spec.get("jitter", True)),
+        )
+    raise InvalidOption(f"unknown retry backoff {kind!r} (expected Fixed or Exponential)")
+
+
+def to_json(policy: RetryPolicy | None) -> dict | None:
+    if policy is None:
+        return None
+    if isinstance(policy, (Fixed, Exponential)):
+        return policy.to_json()
+    raise InvalidOption("a custom retry policy (a callable) cannot be stored with a task; declare it on the handler")
+
+
+def delay_for(policy: RetryPolicy, failures: int) -> float:
+    """Delay after `failures` handler failures, validated."""
+    delay = float(policy(failures))
+    if delay < 0 or delay != delay:
+        raise InvalidOption(f"retry policy returned an invalid delay {delay!r}")
+    return delay
