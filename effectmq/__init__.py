@@ -7,9 +7,12 @@ from .errors import (
 from .models import MaintenanceReport, Offered, QueueStats, TaskInfo
 from .queue import Lease, TaskQueue
 from .retry import Exponential, Fixed
+from .sync import SyncTaskQueue
+from .app import App, TaskDef
+from .worker import TaskContext, Worker
 
 __all__ = [
-    "TaskQueue", "Lease", "Offered", "TaskInfo", "QueueStats", "MaintenanceReport",
+    "TaskQueue", "Lease", "SyncTaskQueue", "App", "TaskDef", "Worker", "TaskContext", "Offered", "TaskInfo", "QueueStats", "MaintenanceReport",
     "LeaseLost", "TaskFailed", "TaskNotFound", "TaskError", "ErrorInfo", "EffectMQError",
     "InvalidOption", "InvalidPayload", "RedisUnavailable", "CorruptValue", "UnknownTask",
     "Fixed", "Exponential", "STALLED", "CANCELED", "TIMEOUT", "DEFECT",

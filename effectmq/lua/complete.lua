@@ -5,14 +5,14 @@ ARGV[4] retention_ms for completed records (meta retention_completed_ms wins; -1
 Returns: 1 = completed, 2 = already completed by this token (retried ack), 0 = lease lost.
 ]]
 local id, token = ARGV[1], ARGV[2]
-local key = owned(id, token)
+local now = now_ms()
+local key = owned(id, token, now)
 if not key then
   if settled_by(id, token) and redis.call('HGET', task_key(id), 'state') == 'completed' then return 2 end
   return 0
 end
-local now = now_ms()
 redis.call('ZREM', K_ACTIVE, id)
-redis.call('HSET', key, 'result', ARGV[3], 'last_token', token, 'progress_at', now)
+redis.call('HSET', key, 'result', ARGV[3], 'last_token', token)
 emit('completed', id)
 settle(id, key, 'completed', K_COMPLETED, meta_num('retention_completed_ms', ARGV[4]), now)
 return 1

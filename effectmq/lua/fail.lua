@@ -9,12 +9,12 @@ Returns: {status, handler_failure_count, retry_at}
           0 = lease lost
 ]]
 local id, token = ARGV[1], ARGV[2]
-local key = owned(id, token)
+local now = now_ms()
+local key = owned(id, token, now)
 if not key then
   if settled_by(id, token) then return {2, 0, -1} end
   return {0, 0, -1}
 end
-local now = now_ms()
 local failures = redis.call('HINCRBY', key, 'handler_failure_count', 1)
 local max_retries = task_option(key, 'max_retries', 'max_retries', ARGV[5])
 local delay = tonumber(ARGV[4])

@@ -99,11 +99,14 @@ local function settle(id, key, state, index_key, retention_ms, now)
   end
 end
 
--- Is the caller the current owner? Returns the task key when it is.
-local function owned(id, token)
+-- Is the caller the current owner, with a lease that has not run out by Redis time?
+-- Returns the task key when it is.
+local function owned(id, token, now)
   local key = task_key(id)
-  local st = redis.call('HMGET', key, 'state', 'token')
-  if st[1] == 'active' and st[2] == token and token ~= '' then return key end
+  local st = redis.call('HMGET', key, 'state', 'token', 'lock_until')
+  if st[1] == 'active' and st[2] == token and token ~= '' and tonumber(st[3]) >= now then
+    return key
+  end
   return nil
 end
 

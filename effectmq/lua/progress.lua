@@ -3,8 +3,9 @@ KEYS: the queue keys of lib.lua.
 ARGV[1] id  ARGV[2] token  ARGV[3] progress (JSON)
 Returns: 1 = stored, 0 = lease lost.
 ]]
-local key = owned(ARGV[1], ARGV[2])
+local now = now_ms()
+local key = owned(ARGV[1], ARGV[2], now)
 if not key then return 0 end
-redis.call('HSET', key, 'progress', ARGV[3], 'progress_at', now_ms())
+redis.call('HSET', key, 'progress', ARGV[3], 'progress_at', now)
 emit('progress', ARGV[1], 'progress', ARGV[3])
 return 1

@@ -9,7 +9,7 @@ local deadline = now + meta_num('lock_timeout_ms', ARGV[1])
 local out = {now, deadline}
 for i = 2, #ARGV, 2 do
   local id = ARGV[i]
-  local key = owned(id, ARGV[i + 1])
+  local key = owned(id, ARGV[i + 1], now)
   if key then
     redis.call('HSET', key, 'lock_until', deadline)
     redis.call('ZADD', K_ACTIVE, 'XX', deadline, id)

@@ -1,0 +1,257 @@
+"""The `effectmq` command: run a worker, offer tasks, inspect queues.
+
+Every option also reads an environment variable (shown in --help), which is how
+the operator configures the worker Deployment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import sys
+from typing import Any, Callable
+
+from .app import App
+from .errors import EffectMQError
+from .queue import TaskQueue
+from .worker import Worker
+
+log = logging.getLogger("effectmq.cli")
+
+
+def _env(name: str, default: Any = None, cast: Callable = str) -> Any:
+    value = os.environ.get(name)
+    return default if value in (None, "") else cast(value)
+
+
+def load_target(spec: str) -> App | dict:
+    """Import `module:attr` and return the App (or dict of handlers) it names."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise SystemExit(f"effectmq: handlers must look like 'package.module:app', got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SystemExit(f"effectmq: cannot import handler module {module_name!r}: {exc}") from None
+    try:
+        target = getattr(module, attr)
+    except AttributeError:
+        raise SystemExit(f"effectmq: module {module_name!r} has no attribute {attr!r}") from None
+    if callable(target) and not isinstance(target, (App, dict)):
+        target = target()
+    if not isinstance(target, (App, dict)):
+        raise SystemExit(f"effectmq: {spec} must be an effectmq.App or a dict of handlers, got {type(target).__name__}")
+    return target
+
+
+def _queue_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--queue", "-q", default=_env("EFFECTMQ_QUEUE"), help="queue name [EFFECTMQ_QUEUE]")
+    p.add_argument("--url", default=_env("EFFECTMQ_REDIS_URL"), help="Redis URL [EFFECTMQ_REDIS_URL]")
+    p.add_argument("--prefix", default=_env("EFFECTMQ_PREFIX", "emq"), help="key prefix [EFFECTMQ_PREFIX]")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--log-level", default=_env("EFFECTMQ_LOG_LEVEL", "INFO"), help="[EFFECTMQ_LOG_LEVEL]")
+
+
+def _queue(args) -> TaskQueue:
+    if not args.queue:
+        raise SystemExit("effectmq: no queue given (--queue or EFFECTMQ_QUEUE)")
+    return TaskQueue(args.queue, url=args.url, prefix=args.prefix)
+
+
+def _print(args, value: Any, human: Callable[[Any], str]) -> None:
+    if args.json:
+        print(json.dumps(value, indent=2, default=str))
+    else:
+        print(human(value))
+
+
+def _human_task(info: dict) -> str:
+    lines = [f"{k:>24}: {json.dumps(v, default=str) if isinstance(v, (dict, list)) else v}"
+             for k, v in info.items() if v not in (None, {}, [])]
+    return "\n".join(lines)
+
+
+async def cmd_worker(args) -> int:
+    target = load_target(args.handlers)
+    queue_name = args.queue or (target.queue_name if isinstance(target, App) else None)
+    if not queue_name:
+        raise SystemExit("effectmq: no queue given (--queue, EFFECTMQ_QUEUE, or an App with a queue name)")
+    queue = TaskQueue(queue_name, url=args.url, prefix=args.prefix, lock_timeout=args.lock_timeout)
+    if isinstance(target, App):
+        target.use_queue(queue)
+    await queue.ping()
+    worker = Worker(queue, target, concurrency=args.concurrency, lock_timeout=args.lock_timeout,
+                    lock_refresh=args.lock_refresh, drain_timeout=args.drain_timeout,
+                    maintenance_interval=args.maintenance_interval, metrics_port=args.metrics_port,
+                    name=_env("HOSTNAME"))
+    try:
+        await worker.run()
+    finally:
+        await queue.close()
+    return 0
+
+
+async def cmd_stats(args) -> int:
+    async with _queue(args) as q:
+        stats = await q.stats()
+    _print(args, stats.to_json(), lambda s: "\n".join(f"{k:>24}: {v}" for k, v in s.items()))
+    return 0
+
+
+async def cmd_task(args) -> int:
+    async with _queue(args) as q:
+        info = await q.get(args.task_id)
+    if info is None:
+        print(f"effectmq: no task {args.task_id!r} in queue {args.queue!r}", file=sys.stderr)
+        return 1
+    _print(args, info.to_json(), _human_task)
+    return 0
+
+
+async def cmd_dead_letters(args) -> int:
+    async with _queue(args) as q:
+        if args.retry_all:
+            tasks = await q.dead_letters(limit=args.limit)
+            for t in tasks:
+                await q.retry(t.task_id)
+            _print(args, {"retried": [t.task_id for t in tasks]}, lambda v: f"retried {len(v['retried'])} tasks")
+            return 0
+        tasks = await q.dead_letters(limit=args.limit, offset=args.offset)
+    rows = [t.to_json() for t in tasks]
+
+    def table(rows: list[dict]) -> str:
+        if not rows:
+            return "no dead letters"
+        out = [f"{'TASK ID':<36} {'NAME':<20} {'FAILURES':>8} {'STALLS':>6}  ERROR"]
+        for r in rows:
+            err = r["error"] or {}
+            out.append(f"{r['task_id']:<36} {r['name']:<20} {r['handler_failure_count']:>8} "
+                       f"{r['stalled_attempt_count']:>6}  {err.get('tag', '')}: {err.get('message', '')}")
+        return "\n".join(out)
+
+    _print(args, rows, table)
+    return 0
+
+
+async def cmd_offer(args) -> int:
+    try:
+        payload = json.loads(args.payload) if args.payload is not None else None
+    except ValueError as exc:
+        print(f"effectmq: payload is not valid JSON: {exc}", file=sys.stderr)
+        return 2
+    async with _queue(args) as q:
+        offered = await q.offer(args.name, payload, task_id=args.task_id, delay=args.delay, priority=args.priority)
+    _print(args, offered._asdict(), lambda o: f"{'offered' if o['created'] else 'already known'}: {o['task_id']}")
+    return 0
+
+
+def _simple(action: str) -> Callable:
+    async def run(args) -> int:
+        async with _queue(args) as q:
+            if action in ("retry", "cancel"):
+                was = await getattr(q, action)(args.task_id)
+                _print(args, {"task_id": args.task_id, "was": was},
+                       lambda v: f"{action}: {v['task_id']} (was {v['was'] or 'unknown'})")
+                return 0 if was else 1
+            if action == "maintain":
+                report = await q.maintain(batch=args.batch)
+                _print(args, report.to_json(), lambda r: " ".join(f"{k}={v}" for k, v in r.items()))
+                return 0
+            await getattr(q, action)()
+            _print(args, {"queue": q.name, action: True}, lambda v: f"{action}d queue {q.name}")
+            return 0
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="effectmq", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    w = sub.add_parser("worker", help="run handlers for a queue")
+    w.add_argument("handlers", nargs="?", default=_env("EFFECTMQ_HANDLERS"),
+                   help="module:attr of an effectmq.App or dict of handlers [EFFECTMQ_HANDLERS]")
+    _queue_args(w)
+    w.add_argument("--concurrency", "-c", type=int, default=_env("EFFECTMQ_CONCURRENCY", 10, int),
+                   help="attempts in flight per process [EFFECTMQ_CONCURRENCY]")
+    w.add_argument("--lock-timeout", type=float, default=_env("EFFECTMQ_LOCK_TIMEOUT", 30.0, float),
+                   help="lease length in seconds [EFFECTMQ_LOCK_TIMEOUT]")
+    w.add_argument("--lock-refresh", type=float, default=_env("EFFECTMQ_LOCK_REFRESH", None, float),
+                   help="renew interval, default a third of the lease [EFFECTMQ_LOCK_REFRESH]")
+    w.add_argument("--drain-timeout", type=float, default=_env("EFFECTMQ_DRAIN_TIMEOUT", 30.0, float),
+                   help="seconds in-flight attempts get on SIGTERM before release [EFFECTMQ_DRAIN_TIMEOUT]")
+    w.add_argument("--maintenance-interval", type=float, default=_env("EFFECTMQ_MAINTENANCE_INTERVAL", 5.0, float),
+                   help="seconds between bounded maintenance passes [EFFECTMQ_MAINTENANCE_INTERVAL]")
+    w.add_argument("--metrics-port", type=int, default=_env("EFFECTMQ_METRICS_PORT", None, int),
+                   help="serve Prometheus metrics on this port [EFFECTMQ_METRICS_PORT]")
+    w.set_defaults(run=cmd_worker)
+
+    s = sub.add_parser("stats", help="counts per state of a queue")
+    _queue_args(s)
+    s.set_defaults(run=cmd_stats)
+
+    t = sub.add_parser("task", help="show one task")
+    t.add_argument("task_id")
+    _queue_args(t)
+    t.set_defaults(run=cmd_task)
+
+    d = sub.add_parser("dead-letters", help="list (or retry) tasks that failed for good")
+    _queue_args(d)
+    d.add_argument("--limit", type=int, default=50)
+    d.add_argument("--offset", type=int, default=0)
+    d.add_argument("--retry-all", action="store_true", help="send the listed dead letters back to waiting")
+    d.set_defaults(run=cmd_dead_letters)
+
+    o = sub.add_parser("offer", help="offer one task (payload as JSON)")
+    o.add_argument("name")
+    o.add_argument("payload", nargs="?")
+    o.add_argument("--task-id")
+    o.add_argument("--delay", type=float)
+    o.add_argument("--priority", type=int, default=0)
+    _queue_args(o)
+    o.set_defaults(run=cmd_offer)
+
+    for action, help_text in (("retry", "send a failed or canceled task back to waiting"),
+                              ("cancel", "cancel a task that has not settled")):
+        p = sub.add_parser(action, help=help_text)
+        p.add_argument("task_id")
+        _queue_args(p)
+        p.set_defaults(run=_simple(action))
+    for action in ("pause", "resume"):
+        p = sub.add_parser(action, help=f"{action} acquisition on a queue")
+        _queue_args(p)
+        p.set_defaults(run=_simple(action))
+    m = sub.add_parser("maintain", help="run one bounded maintenance pass")
+    _queue_args(m)
+    m.add_argument("--batch", type=int, default=100)
+    m.set_defaults(run=_simple("maintain"))
+
+    for extension in ("effectmq.scheduler.cli",):
+        try:
+            importlib.import_module(extension).register(sub)
+        except ImportError:
+            pass
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=getattr(args, "log_level", "INFO").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "worker" and not args.handlers:
+        print("effectmq: worker needs handlers (module:attr or EFFECTMQ_HANDLERS)", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(args.run(args))
+    except EffectMQError as exc:
+        print(f"effectmq: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Prometheus metrics of workers (labels are bounded: queue, task name, outcome)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+ATTEMPTS = Counter("effectmq_attempts", "Attempts started", ["queue", "task"])
+OUTCOMES = Counter(
+    "effectmq_outcomes", "Attempts settled, by outcome "
+    "(completed, retry, failed, lease_lost, released)", ["queue", "task", "outcome"],
+)
+FAILURES = Counter("effectmq_failures", "Handler failures by error kind (handler, timeout, defect)",
+                   ["queue", "task", "kind"])
+LEASE_LOSSES = Counter("effectmq_lease_losses", "Attempts interrupted or rejected because the lease was lost",
+                       ["queue", "task"])
+DURATION = Histogram(
+    "effectmq_handler_duration_seconds", "Handler run time", ["queue", "task", "outcome"],
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
+)
+IN_FLIGHT = Gauge("effectmq_in_flight", "Attempts running in this worker", ["queue"])
+DEPTH = Gauge("effectmq_queue_depth", "Tasks per state (as last seen by this process)", ["queue", "state"])
+OLDEST_WAITING = Gauge("effectmq_oldest_waiting_seconds", "Age of the oldest waiting task", ["queue"])
+STALLS = Counter("effectmq_stalls_recovered", "Expired leases recovered by maintenance", ["queue", "outcome"])
+MAINTENANCE_LAST = Gauge("effectmq_maintenance_last_success_timestamp_seconds",
+                         "Unix time of the last successful maintenance pass", ["queue"])
+
+
+def record_stats(stats) -> None:
+    for state in ("waiting", "delayed", "active", "completed", "failed", "canceled"):
+        DEPTH.labels(stats.queue, state).set(getattr(stats, state))
+    OLDEST_WAITING.labels(stats.queue).set(stats.oldest_waiting_seconds)
+
+
+def start_server(port: int, addr: str = "0.0.0.0") -> None:
+    from prometheus_client import start_http_server
+
+    start_http_server(port, addr)

@@ -1,0 +1,379 @@
+"""The Worker: runs handlers for leased tasks with heartbeats, timeouts and drain.
+
+One asyncio loop per process runs up to `concurrency` attempts. Idle, it blocks on
+the queue's wake signal (no polling floor). A single heartbeat loop renews every
+in-flight lease in one round trip and interrupts a handler whose ownership can no
+longer be confirmed. SIGTERM drains: no new acquisitions, in-flight attempts get
+`drain_timeout` to finish, the rest are released (not stalled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import logging
+import random
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Mapping
+
+from . import heartbeat, metrics
+from .app import App, TaskDef
+from .errors import (
+    DEFECT, TIMEOUT, CorruptValue, ErrorInfo, InvalidOption, LeaseLost, RedisUnavailable,
+)
+from .queue import Lease, TaskQueue
+
+log = logging.getLogger("effectmq.worker")
+UNKNOWN_TASK_LABEL = "<unknown>"
+
+
+class TaskContext:
+    """What a handler may know and do about its own attempt."""
+
+    def __init__(self, lease: Lease, loop: asyncio.AbstractEventLoop):
+        self.lease = lease
+        self.task_id = lease.task_id
+        self.name = lease.name
+        self.attempt = lease.attempt
+        self.handler_failure_count = lease.handler_failure_count
+        self.stalled_attempt_count = lease.stalled_attempt_count
+        self.queue = lease.queue.name
+        self._loop = loop
+
+    async def progress(self, value: Any) -> None:
+        """Report progress (fenced: raises LeaseLost when this attempt lost the task)."""
+        await self.lease.progress(value)
+
+    def progress_sync(self, value: Any, timeout: float = 10.0) -> None:
+        """Report progress from a synchronous handler running in the thread pool."""
+        asyncio.run_coroutine_threadsafe(self.lease.progress(value), self._loop).result(timeout)
+
+
+class _Attempt:
+    __slots__ = ("lease", "task", "definition", "next_renew", "lost", "releasing", "started")
+
+    def __init__(self, lease: Lease, definition: TaskDef | None, next_renew: float):
+        self.lease = lease
+        self.definition = definition
+        self.task: asyncio.Task | None = None
+        self.next_renew = next_renew
+        self.lost = False  # ownership gone: do not settle
+        self.releasing = False  # drain timeout hit: hand the task back
+        self.started = time.monotonic()
+
+
+def _handlers_from(source: App | Mapping[str, Any] | None) -> dict[str, TaskDef]:
+    if source is None:
+        return {}
+    if isinstance(source, App):
+        return dict(source.tasks)
+    out: dict[str, TaskDef] = {}
+    for name, handler in source.items():
+        out[name] = handler if isinstance(handler, TaskDef) else TaskDef(name, handler)
+    return out
+
+
+class Worker:
+    def __init__(self, queue_or_app: TaskQueue | App, handlers: App | Mapping[str, Any] | None = None, *,
+                 concurrency: int = 10, lock_timeout: float | None = None, lock_refresh: float | None = None,
+                 drain_timeout: float = 30.0, maintenance_interval: float = 5.0, maintenance_batch: int = 100,
+                 idle_poll: float = 5.0, metrics_port: int | None = None, install_signal_handlers: bool = True,
+                 name: str | None = None):
+        if isinstance(queue_or_app, App):
+            self.app: App | None = queue_or_app
+            self.queue = queue_or_app.queue
+            handlers = handlers if handlers is not None else queue_or_app
+        elif isinstance(queue_or_app, TaskQueue):
+            self.app = None
+            self.queue = queue_or_app
+        else:
+            raise InvalidOption(f"Worker needs a TaskQueue or an App, got {queue_or_app!r}")
+        self.handlers = _handlers_from(handlers)
+        if not self.handlers:
+            raise InvalidOption("Worker needs at least one handler")
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidOption(f"concurrency must be a positive integer, got {concurrency!r}")
+        self.concurrency = concurrency
+        self.lock_timeout = lock_timeout if lock_timeout is not None else self.queue.lock_timeout
+        self.lock_refresh = lock_refresh
+        if lock_refresh is not None and lock_refresh >= self.lock_timeout:
+            raise InvalidOption(f"lock_refresh ({lock_refresh}) must be shorter than lock_timeout ({self.lock_timeout})")
+        self.drain_timeout = drain_timeout
+        self.maintenance_interval = maintenance_interval
+        self.maintenance_batch = maintenance_batch
+        self.idle_poll = idle_poll
+        self.metrics_port = metrics_port
+        self.install_signal_handlers = install_signal_handlers
+        self.name = name or f"worker-{random.getrandbits(32):08x}"
+        self._attempts: dict[str, _Attempt] = {}
+        self._stopping = asyncio.Event()
+        self._slot_free = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="effectmq-handler")
+        self._q = self.queue.name
+        self.processed = 0
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def stop(self) -> None:
+        """Begin a graceful drain (what SIGTERM and SIGINT do)."""
+        if not self._stopping.is_set():
+            log.info("worker %s draining (%d in flight)", self.name, len(self._attempts))
+        self._stopping.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._attempts)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(sig, self.stop)
+        if self.metrics_port is not None:
+            metrics.start_server(self.metrics_port)
+        wake = await self.queue.wake_signal().start()
+        helpers = [
+            asyncio.create_task(self._heartbeat_loop(), name="effectmq-heartbeat"),
+            asyncio.create_task(self._maintenance_loop(), name="effectmq-maintenance"),
+        ]
+        log.info("worker %s serving queue %r with %d handlers, concurrency %d",
+                 self.name, self._q, len(self.handlers), self.concurrency)
+        try:
+            await self._acquire_loop(wake)
+            await self._drain()
+        finally:
+            for task in helpers:
+                task.cancel()
+            for task in helpers:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await wake.close()
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            if self.install_signal_handlers:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    with contextlib.suppress(Exception):
+                        loop.remove_signal_handler(sig)
+            log.info("worker %s stopped after %d attempts", self.name, self.processed)
+
+    async def _acquire_loop(self, wake) -> None:
+        backoff = 0.1
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._attempts)
+            if free <= 0:
+                self._slot_free.clear()
+                await self._until(self._slot_free, self.idle_poll)
+                continue
+            wake.event.clear()  # cleared before acquiring: a later offer sets it again
+            try:
+                leases, next_due = await self.queue.acquire_many(free, lock_timeout=self.lock_timeout)
+                backoff = 0.1
+            except RedisUnavailable as exc:
+                log.warning("acquire failed, retrying in %.1fs: %s", backoff, exc)
+                await self._until(self._stopping, backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            for lease in leases:
+                self._start(lease)
+            if len(leases) < free:
+                sleep = self.idle_poll if next_due is None else min(self.idle_poll, next_due + 0.001)
+                await self._until_any(wake.event, self._stopping, timeout=sleep)
+
+    async def _drain(self) -> None:
+        if self._attempts:
+            pending = [a.task for a in self._attempts.values() if a.task]
+            _done, still = await asyncio.wait(pending, timeout=self.drain_timeout)
+            for attempt in list(self._attempts.values()):
+                if attempt.task in still:
+                    attempt.releasing = True
+                    attempt.task.cancel()
+            if still:
+                await asyncio.wait(still, timeout=max(5.0, self.lock_timeout))
+
+    @staticmethod
+    async def _until(event: asyncio.Event, timeout: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
+
+    @staticmethod
+    async def _until_any(*events: asyncio.Event, timeout: float) -> None:
+        waiters = [asyncio.ensure_future(e.wait()) for e in events]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    # -- attempts -------------------------------------------------------------
+
+    def _start(self, lease: Lease) -> None:
+        definition = self.handlers.get(lease.name)
+        refresh = heartbeat.refresh_interval(lease.lock_timeout, self.lock_refresh)
+        attempt = _Attempt(lease, definition, time.monotonic() + refresh)
+        self._attempts[lease.task_id] = attempt
+        attempt.task = asyncio.create_task(self._run_attempt(attempt))
+        label = lease.name if definition else UNKNOWN_TASK_LABEL
+        metrics.ATTEMPTS.labels(self._q, label).inc()
+        metrics.IN_FLIGHT.labels(self._q).set(len(self._attempts))
+
+    async def _run_attempt(self, attempt: _Attempt) -> None:
+        lease, definition = attempt.lease, attempt.definition
+        label = lease.name if definition else UNKNOWN_TASK_LABEL
+        outcome = "failed"
+        try:
+            outcome = await self._execute(attempt)
+        except asyncio.CancelledError:
+            if attempt.releasing:
+                outcome = await self._settle(lease, "release", lease.release)
+            else:
+                outcome = "lease_lost"
+        except Exception:  # never let one attempt take the worker down
+            log.exception("unexpected error settling task %s", lease.task_id)
+        finally:
+            self._attempts.pop(lease.task_id, None)
+            self._slot_free.set()
+            self.processed += 1
+            metrics.IN_FLIGHT.labels(self._q).set(len(self._attempts))
+            metrics.OUTCOMES.labels(self._q, label, outcome).inc()
+            metrics.DURATION.labels(self._q, label, outcome).observe(time.monotonic() - attempt.started)
+            if outcome == "lease_lost":
+                metrics.LEASE_LOSSES.labels(self._q, label).inc()
+
+    async def _execute(self, attempt: _Attempt) -> str:
+        lease, definition = attempt.lease, attempt.definition
+        if definition is None:
+            known = ", ".join(sorted(self.handlers))
+            error = ErrorInfo(DEFECT, f"no handler for task {lease.name!r} in this worker (known: {known})")
+            return await self._fail(lease, error, None)
+        try:
+            payload = lease.payload
+            definition.validate(payload)
+        except (CorruptValue, ValueError) as exc:  # bad data never runs, and never will
+            return await self._fail(lease, ErrorInfo(DEFECT, str(exc)), definition, retryable=False)
+        timeout = lease.options.get("timeout") or definition.timeout
+        try:
+            async with asyncio.timeout(timeout) as deadline:
+                result = await self._call(definition, payload, lease)
+        except asyncio.CancelledError:
+            raise
+        except TimeoutError as exc:
+            if deadline.expired():
+                metrics.FAILURES.labels(self._q, lease.name, "timeout").inc()
+                info = ErrorInfo(TIMEOUT, f"handler exceeded its time limit of {timeout}s")
+                return await self._fail(lease, info, definition)
+            return await self._fail(lease, exc, definition)
+        except Exception as exc:
+            return await self._fail(lease, exc, definition)
+        return await self._settle(lease, "complete", lease.complete, result)
+
+    async def _call(self, definition: TaskDef, payload: Any, lease: Lease) -> Any:
+        args: tuple = ()
+        if definition.arity >= 1:
+            args = (payload,)
+        if definition.arity >= 2:
+            args = (payload, TaskContext(lease, asyncio.get_running_loop()))
+        if definition.is_async:
+            return await definition.fn(*args)
+        # Sync handlers run in the pool; they cannot be interrupted, only abandoned.
+        call = functools.partial(contextvars.copy_context().run, definition.fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    async def _fail(self, lease: Lease, error: Any, definition: TaskDef | None, *, retryable: bool | None = None) -> str:
+        declared = definition.errors if definition else ()
+        if isinstance(error, BaseException):
+            kind = "handler" if isinstance(error, tuple(declared)) or hasattr(error, "error_tag") else "defect"
+            metrics.FAILURES.labels(self._q, lease.name if definition else UNKNOWN_TASK_LABEL, kind).inc()
+            log.warning("task %s (%s) attempt %d failed: %r", lease.task_id, lease.name, lease.attempt, error)
+        retry = definition.retry if definition else None
+        return await self._settle(lease, "fail", lease.fail, error, retryable=retryable, retry=retry,
+                                  declared=declared)
+
+    async def _settle(self, lease: Lease, operation: str, call: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Send an acknowledgement; transport errors are retried with the same token
+        (a duplicate is answered as done) until the lease can no longer be ours."""
+        backoff = 0.05
+        while True:
+            try:
+                result = await call(*args, **kwargs)
+                if operation == "fail":
+                    return "retry" if result else "failed"
+                return "completed" if operation == "complete" else "released"
+            except LeaseLost:
+                log.warning("task %s: %s rejected, lease lost (another attempt owns it now)", lease.task_id, operation)
+                return "lease_lost"
+            except RedisUnavailable as exc:
+                if time.monotonic() + backoff >= lease.confirmed_until:
+                    log.error("task %s: %s not confirmed before the lease ran out: %s", lease.task_id, operation, exc)
+                    return "lease_lost"
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+
+    # -- heartbeat and maintenance -------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        tick = max(0.01, min(heartbeat.refresh_interval(self.lock_timeout, self.lock_refresh) / 4, 1.0))
+        while True:
+            await asyncio.sleep(tick)
+            await self._heartbeat_once()
+
+    async def _heartbeat_once(self) -> None:
+        now = time.monotonic()
+        due: list[_Attempt] = []
+        for attempt in list(self._attempts.values()):
+            if attempt.lost or attempt.task is None or attempt.task.done():
+                continue
+            lease = attempt.lease
+            action = heartbeat.decide(now, attempt.next_renew, lease.confirmed_until,
+                                      heartbeat.safety_margin(lease.lock_timeout))
+            if action is heartbeat.Action.INTERRUPT:
+                self._interrupt(attempt, "ownership could not be confirmed in time")
+            elif action is heartbeat.Action.RENEW:
+                due.append(attempt)
+        if not due:
+            return
+        margin = min(heartbeat.safety_margin(a.lease.lock_timeout) for a in due)
+        budget = max(0.01, min(a.lease.confirmed_until for a in due) - margin - now)
+        try:
+            owned = await asyncio.wait_for(self.queue._renew([a.lease for a in due]), budget)
+        except (RedisUnavailable, asyncio.TimeoutError) as exc:
+            log.warning("heartbeat failed for %d leases: %s", len(due), exc or "timeout")
+            return  # retried on the next tick, until the safety window closes
+        for attempt, ok in zip(due, owned):
+            if ok:
+                attempt.next_renew = time.monotonic() + heartbeat.refresh_interval(
+                    attempt.lease.lock_timeout, self.lock_refresh)
+            else:
+                self._interrupt(attempt, "lease lost")
+
+    def _interrupt(self, attempt: _Attempt, why: str) -> None:
+        if attempt.lost:
+            return
+        attempt.lost = True
+        log.warning("interrupting task %s (%s): %s", attempt.lease.task_id, attempt.lease.name, why)
+        if attempt.task is not None:
+            attempt.task.cancel()
+
+    async def _maintenance_loop(self) -> None:
+        while True:
+            # Jitter keeps a fleet of workers from sweeping in lockstep.
+            await asyncio.sleep(self.maintenance_interval * random.uniform(0.5, 1.5))
+            try:
+                await self.queue.refresh_settings()
+                for _ in range(10):  # bounded: at most ten batches per interval
+                    report = await self.queue.maintain(batch=self.maintenance_batch)
+                    if report.recovered:
+                        metrics.STALLS.labels(self._q, "recovered").inc(report.recovered)
+                    if report.stalled_failed:
+                        metrics.STALLS.labels(self._q, "failed").inc(report.stalled_failed)
+                    if not report.more:
+                        break
+                metrics.MAINTENANCE_LAST.labels(self._q).set(time.time())
+                metrics.record_stats(await self.queue.stats())
+            except RedisUnavailable as exc:
+                log.warning("maintenance skipped: %s", exc)
+            except Exception:
+                log.exception("maintenance pass failed")
