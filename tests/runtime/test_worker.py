@@ -1,0 +1,241 @@
+"""The Worker in-process: handlers, failures, timeouts, wake-up, heartbeats, drain."""
+
+import asyncio
+import contextlib
+import time
+
+import pytest
+
+import effectmq
+
+
+@contextlib.asynccontextmanager
+async def running(worker):
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+
+
+def make_worker(queue, handlers, **options):
+    options.setdefault("install_signal_handlers", False)
+    options.setdefault("maintenance_interval", 0.1)
+    return effectmq.Worker(queue, handlers, **options)
+
+
+async def settled(queue, task_id, timeout=10.0):
+    with contextlib.suppress(effectmq.TaskFailed):
+        await queue.wait(task_id, timeout=timeout)
+    return await queue.get(task_id)
+
+
+async def test_async_and_sync_handlers_with_context(queue):
+    seen = {}
+
+    async def add(payload, ctx):
+        await ctx.progress(50)
+        seen["ctx"] = (ctx.task_id, ctx.attempt, ctx.queue)
+        return payload["a"] + payload["b"]
+
+    def shout(payload):
+        return payload.upper()
+
+    async with running(make_worker(queue, {"add": add, "shout": shout})):
+        await queue.offer("add", {"a": 1, "b": 2}, task_id="add1")
+        await queue.offer("shout", "hi", task_id="shout1")
+        assert await queue.wait("add1", timeout=5) == 3
+        assert await queue.wait("shout1", timeout=5) == "HI"
+    assert seen["ctx"] == ("add1", 1, "q")
+    assert (await queue.get("add1")).progress == 50
+
+
+async def test_declared_errors_retry_then_dead_letter(make_queue):
+    q = make_queue("typed", retry=effectmq.Fixed(0.01))
+
+    class MailboxFull(Exception):
+        pass
+
+    app = effectmq.App("typed")
+    app.use_queue(q)
+    calls = []
+
+    @app.task(errors=(MailboxFull,), max_retries=2)
+    async def send(payload):
+        calls.append(payload)
+        raise MailboxFull("try later")
+
+    async with running(make_worker(q, app)):
+        offered = await app.offer("send", {"to": "x"})
+        info = await settled(q, offered.task_id)
+    assert info.state == "failed" and info.error.tag == "MailboxFull"
+    assert info.handler_failure_count == 3 and len(calls) == 3 and info.stalled_attempt_count == 0
+
+
+async def test_undeclared_exception_is_a_defect(queue):
+    async def broken(payload):
+        raise KeyError("missing")
+
+    async with running(make_worker(queue, {"broken": broken})):
+        await queue.offer("broken", None, task_id="d", max_retries=0)
+        info = await settled(queue, "d")
+    assert info.error.tag == effectmq.DEFECT and "KeyError" in info.error.message
+
+
+async def test_handler_timeout(queue):
+    async def slow(payload):
+        await asyncio.sleep(10)
+
+    async with running(make_worker(queue, {"slow": slow})):
+        await queue.offer("slow", None, task_id="t", timeout=0.1, max_retries=0)
+        info = await settled(queue, "t")
+    assert info.state == "failed" and info.error.tag == effectmq.TIMEOUT
+
+
+async def test_unknown_task_and_corrupt_payload_never_run(queue):
+    ran = []
+
+    async def known(payload):
+        ran.append(payload)
+
+    await queue.offer("nobody-handles-this", {"x": 1}, task_id="u", max_retries=0)
+    await queue.offer("known", {"x": 1}, task_id="c")
+    await queue.redis.hset(queue.keys.task("c"), "payload", "{not json")
+    async with running(make_worker(queue, {"known": known})):
+        unknown = await settled(queue, "u")
+        corrupt = await settled(queue, "c")
+    assert unknown.state == "failed" and "no handler for task 'nobody-handles-this'" in unknown.error.message
+    assert corrupt.state == "failed" and corrupt.error.tag == effectmq.DEFECT
+    assert "not valid JSON" in corrupt.error.message and corrupt.corrupt
+    assert ran == [] and corrupt.handler_failure_count == 1  # not retried: bad data stays bad
+
+
+async def test_schema_is_checked_at_offer_and_before_running(queue):
+    app = effectmq.App("q")
+    app.use_queue(queue)
+
+    @app.task(schema={"type": "object", "required": ["to"], "properties": {"to": {"type": "string"}}})
+    async def email(payload):
+        return payload["to"]
+
+    with pytest.raises(effectmq.InvalidPayload, match="'to' is a required property"):
+        await app.offer("email", {"subject": "hi"})
+    with pytest.raises(effectmq.UnknownTask, match="unknown task 'emali'"):
+        await app.offer("emali", {"to": "a"})
+    await queue.offer("email", {"to": 5}, task_id="raw")  # bypasses the app: caught by the worker
+    async with running(make_worker(queue, app)):
+        info = await settled(queue, "raw")
+    assert info.state == "failed" and "does not match its schema" in info.error.message
+
+
+async def test_idle_worker_starts_new_task_without_polling_floor(queue):
+    started = asyncio.Event()
+    stamps = {}
+
+    async def mark(payload):
+        stamps["start"] = time.monotonic()
+        started.set()
+
+    async with running(make_worker(queue, {"mark": mark}, idle_poll=30)):
+        await asyncio.sleep(0.3)  # the worker is now blocked waiting for a signal
+        sent = time.monotonic()
+        await queue.offer("mark", None)
+        await asyncio.wait_for(started.wait(), 5)
+    assert stamps["start"] - sent < 0.5  # generous bound: the idle poll is 30 s
+
+
+async def test_heartbeat_keeps_a_long_task_owned(make_queue):
+    q = make_queue("long", lock_timeout=0.4)
+
+    async def long(payload):
+        await asyncio.sleep(1.5)
+        return "done"
+
+    async with running(make_worker(q, {"long": long})):
+        await q.offer("long", None, task_id="l")
+        info = await settled(q, "l")
+    assert info.state == "completed" and info.stalled_attempt_count == 0 and info.attempt == 1
+
+
+async def test_canceled_task_interrupts_its_handler(queue):
+    entered, interrupted = asyncio.Event(), asyncio.Event()
+
+    async def wait_forever(payload):
+        entered.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            interrupted.set()
+            raise
+
+    async with running(make_worker(queue, {"w": wait_forever}, lock_refresh=0.05)):
+        await queue.offer("w", None, task_id="c")
+        await asyncio.wait_for(entered.wait(), 5)
+        await queue.cancel("c")
+        await asyncio.wait_for(interrupted.wait(), 5)
+    assert (await queue.get("c")).state == "canceled"
+
+
+async def test_heartbeat_loss_interrupts_the_handler(tcp_proxy, make_queue):
+    """Connection cut for longer than the safety window: the handler is stopped
+    before its lease can run out, and the task is recovered later (one stall)."""
+    through_proxy = make_queue("cut", url=tcp_proxy.url, lock_timeout=1.0)
+    direct = make_queue("cut", lock_timeout=1.0)
+    entered, interrupted = asyncio.Event(), asyncio.Event()
+    stamps = {}
+
+    async def hold(payload):
+        entered.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            stamps["interrupted"] = time.monotonic()
+            interrupted.set()
+            raise
+
+    worker = make_worker(through_proxy, {"hold": hold}, maintenance_interval=60)
+    async with running(worker):
+        await direct.offer("hold", None, task_id="h")
+        await asyncio.wait_for(entered.wait(), 5)
+        cut_at = time.monotonic()
+        tcp_proxy.cut()
+        await asyncio.wait_for(interrupted.wait(), 5)
+        assert stamps["interrupted"] - cut_at < 1.0  # before the lease (1 s) could expire
+        tcp_proxy.restore()
+    await asyncio.sleep(1.0)
+    report = await direct.maintain()
+    assert report.recovered == 1
+    info = await direct.get("h")
+    assert info.state == "waiting" and info.stalled_attempt_count == 1 and info.handler_failure_count == 0
+
+
+async def test_drain_finishes_short_work_and_releases_the_rest(queue):
+    async def quick(payload):
+        await asyncio.sleep(0.1)
+        return "ok"
+
+    async def stuck(payload):
+        await asyncio.sleep(60)
+
+    worker = make_worker(queue, {"quick": quick, "stuck": stuck}, drain_timeout=0.5)
+    task = asyncio.create_task(worker.run())
+    await queue.offer("quick", None, task_id="quick")
+    await queue.offer("stuck", None, task_id="stuck")
+    while worker.in_flight < 2:
+        await asyncio.sleep(0.01)
+    worker.stop()
+    await asyncio.wait_for(task, 10)
+    quick_info, stuck_info = await queue.get("quick"), await queue.get("stuck")
+    assert quick_info.state == "completed"
+    assert stuck_info.state == "waiting"  # released, not stalled, not failed
+    assert (stuck_info.stalled_attempt_count, stuck_info.handler_failure_count) == (0, 0)
+
+
+async def test_worker_rejects_invalid_options(queue):
+    with pytest.raises(effectmq.InvalidOption, match="concurrency"):
+        effectmq.Worker(queue, {"x": print}, concurrency=0)
+    with pytest.raises(effectmq.InvalidOption, match="lock_refresh"):
+        effectmq.Worker(queue, {"x": print}, lock_refresh=5, lock_timeout=1)
+    with pytest.raises(effectmq.InvalidOption, match="at least one handler"):
+        effectmq.Worker(queue, {})
