@@ -27,6 +27,8 @@ from .keys import INDEXES, QueueKeys, check_queue_name
 from .models import MaintenanceReport, Offered, QueueStats, TaskInfo
 
 DEFAULT_URL = "redis://localhost:6379/0"
+# What a lost or refused connection raises (the outcome of a write is then unknown).
+TRANSPORT_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError)
 MAX_PRIORITY = 1000
 MAX_ID_LENGTH = 512
 # Settings a queue keeps in Redis so that producers, workers and the operator agree.
@@ -297,7 +299,7 @@ class TaskQueue:
     async def _call(self, operation: str, argv: list, client=None) -> Any:
         try:
             return await self._scripts[operation](keys=self._script_keys, args=argv, client=client)
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+        except TRANSPORT_ERRORS as exc:
             raise self._unavailable(exc) from exc
 
     # -- producers ---------------------------------------------------------
@@ -391,7 +393,7 @@ class TaskQueue:
     async def get(self, task_id: str) -> TaskInfo | None:
         try:
             h = await self.redis.hgetall(self.keys.task(task_id))
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+        except TRANSPORT_ERRORS as exc:
             raise self._unavailable(exc) from exc
         return models.parse_task(task_id, h) if h else None
 
@@ -418,7 +420,7 @@ class TaskQueue:
                     raise TimeoutError(f"task {task_id!r} still {info.state} after {timeout}s")
                 # A bounded wait doubles as a re-check if the subscription dropped.
                 await pubsub.get_message(timeout=min(remaining or 5.0, 5.0))
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+        except TRANSPORT_ERRORS as exc:
             raise self._unavailable(exc) from exc
         finally:
             with contextlib.suppress(Exception):
@@ -471,7 +473,7 @@ class TaskQueue:
         """Queue-level settings currently stored in Redis (seconds for durations)."""
         try:
             raw = await self.redis.hgetall(self.keys.key("meta"))
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+        except TRANSPORT_ERRORS as exc:
             raise self._unavailable(exc) from exc
         out: dict[str, Any] = {}
         for key, field in SETTINGS.items():
@@ -526,7 +528,7 @@ class TaskQueue:
                 for tid in ids:
                     pipe.hgetall(self.keys.task(tid))
                 hashes = await pipe.execute()
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+        except TRANSPORT_ERRORS as exc:
             raise self._unavailable(exc) from exc
         return [models.parse_task(tid, h) for tid, h in zip(ids, hashes) if h]
 
@@ -540,7 +542,7 @@ class TaskQueue:
         while True:
             try:
                 reply = await self.redis.xread({self.keys.key("events"): last}, count=count, block=_ms(block))
-            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+            except TRANSPORT_ERRORS as exc:
                 raise self._unavailable(exc) from exc
             for _stream, entries in reply or []:
                 for entry_id, fields in entries:
@@ -550,5 +552,5 @@ class TaskQueue:
     async def ping(self) -> None:
         try:
             await self.redis.ping()
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+        except TRANSPORT_ERRORS as exc:
             raise self._unavailable(exc) from exc

@@ -1,0 +1,225 @@
+"""Model-based test: random sequences of operations against real Redis and a pure
+reference model, with the protocol's invariants checked after every step."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+
+import redis as sync_redis
+from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+import effectmq
+from effectmq.keys import INDEXES
+
+IDS = st.sampled_from([f"t{i}" for i in range(6)])
+MAX_RETRIES = 2
+MAX_STALLED = 1
+STEPS = int(os.environ.get("EFFECTMQ_MODEL_STEPS", "50"))
+EXAMPLES = int(os.environ.get("EFFECTMQ_MODEL_EXAMPLES", "200"))
+
+
+@dataclass
+class ModelTask:
+    priority: int
+    seq: int
+    state: str = "waiting"
+    attempt: int = 0
+    hfc: int = 0
+    sac: int = 0
+    token: str | None = None  # the current lease token, None unless active
+    expired: bool = False  # the current lease ran out (by the simulated clock)
+    last_token: str | None = None  # the token that last settled or released it
+
+
+@dataclass
+class Model:
+    tasks: dict[str, ModelTask] = field(default_factory=dict)
+    seq: int = 0
+
+    def enqueue(self, tid: str) -> None:
+        self.seq += 1
+        t = self.tasks[tid]
+        t.state, t.seq, t.token, t.expired = "waiting", self.seq, None, False
+
+    def next_waiting(self) -> str | None:
+        waiting = [(-t.priority, t.seq, tid) for tid, t in self.tasks.items() if t.state == "waiting"]
+        return min(waiting)[2] if waiting else None
+
+    def owns(self, lease) -> bool:
+        t = self.tasks[lease.task_id]
+        return t.state == "active" and t.token == lease.token and not t.expired
+
+
+class QueueMachine(RuleBasedStateMachine):
+    redis_url: str = ""
+
+    @initialize()
+    def setup(self):
+        self.loop = asyncio.new_event_loop()
+        self.raw = sync_redis.Redis.from_url(self.redis_url, decode_responses=True)
+        self.raw.flushall()
+        self.q = self.run(self.make_queue())
+        self.model = Model()
+        self.leases: list[effectmq.Lease] = []  # every lease ever granted, current or stale
+
+    async def make_queue(self):
+        return effectmq.TaskQueue("model", url=self.redis_url, lock_timeout=60, max_retries=MAX_RETRIES,
+                                  max_stalled_count=MAX_STALLED, retry=effectmq.Fixed(0),
+                                  retention_completed=None, retention_failed=None)
+
+    def run(self, coro):
+        return self.loop.run_until_complete(coro)
+
+    def teardown(self):
+        if hasattr(self, "q"):
+            self.run(self.q.close())
+            self.loop.close()
+            self.raw.close()
+
+    def pick(self, data_index: int):
+        return self.leases[data_index % len(self.leases)] if self.leases else None
+
+    @rule(tid=IDS, priority=st.integers(-2, 2))
+    def offer(self, tid, priority):
+        offered = self.run(self.q.offer("job", {"id": tid}, task_id=tid, priority=priority))
+        assert offered.created == (tid not in self.model.tasks)
+        if offered.created:
+            self.model.seq += 1
+            self.model.tasks[tid] = ModelTask(priority, self.model.seq)
+
+    @rule()
+    def acquire(self):
+        lease = self.run(self.q.acquire())
+        expected = self.model.next_waiting()
+        if expected is None:
+            assert lease is None
+            return
+        assert lease is not None and lease.task_id == expected
+        t = self.model.tasks[expected]
+        t.state, t.token, t.expired = "active", lease.token, False
+        t.attempt += 1
+        assert lease.token not in {l.token for l in self.leases}  # unique per attempt
+        assert (lease.attempt, lease.handler_failure_count, lease.stalled_attempt_count) == (t.attempt, t.hfc, t.sac)
+        self.leases.append(lease)
+
+    def fenced(self, lease, operation, duplicate_ok: bool = False, settles: bool = True):
+        """Run an owned write: it must succeed iff the lease is current, or when it
+        repeats the acknowledgement that this same token already made (a no-op)."""
+        owner = self.model.owns(lease)
+        duplicate = duplicate_ok and self.model.tasks[lease.task_id].last_token == lease.token
+        try:
+            result = self.run(operation)
+        except effectmq.LeaseLost:
+            assert not owner and not duplicate, "the current owner was rejected"
+            return False, None
+        assert owner or duplicate, "a stale lease was accepted"
+        if owner and settles:
+            self.model.tasks[lease.task_id].last_token = lease.token
+        return owner, result
+
+    @rule(i=st.integers(0, 1000))
+    def complete(self, i):
+        lease = self.pick(i)
+        t = self.model.tasks[lease.task_id] if lease else None
+        if lease and self.fenced(lease, lease.complete({"by": lease.token}), t.state == "completed")[0]:
+            t = self.model.tasks[lease.task_id]
+            t.state, t.token = "completed", None
+
+    @rule(i=st.integers(0, 1000))
+    def fail(self, i):
+        lease = self.pick(i)
+        if lease is None:
+            return
+        ok, retried = self.fenced(lease, lease.fail(effectmq.ErrorInfo("Boom")), duplicate_ok=True)
+        if ok:
+            t = self.model.tasks[lease.task_id]
+            t.hfc += 1
+            assert retried == (t.hfc <= MAX_RETRIES)
+            if retried:
+                self.model.enqueue(lease.task_id)
+            else:
+                t.state, t.token = "failed", None
+
+    @rule(i=st.integers(0, 1000))
+    def release(self, i):
+        lease = self.pick(i)
+        if lease and self.fenced(lease, lease.release(), duplicate_ok=True)[0]:
+            self.model.enqueue(lease.task_id)
+
+    @rule(i=st.integers(0, 1000))
+    def renew_or_progress(self, i):
+        lease = self.pick(i)
+        if lease:
+            self.fenced(lease, lease.renew(), settles=False)
+            self.fenced(lease, lease.progress(i), settles=False)
+
+    @rule(tid=IDS)
+    def expire(self, tid):
+        """Simulate the passage of time for one lease: its deadline is now in the past."""
+        t = self.model.tasks.get(tid)
+        if t and t.state == "active":
+            self.raw.hset(self.q.keys.task(tid), "lock_until", 0)
+            self.raw.zadd(self.q.keys.key("active"), {tid: 0})
+            t.expired = True
+
+    @rule(batch=st.integers(1, 3))
+    def maintain(self, batch):
+        report = self.run(self.q.maintain(batch=batch))
+        expired = sorted(tid for tid, t in self.model.tasks.items() if t.state == "active" and t.expired)
+        swept = expired[:batch]
+        assert report.recovered + report.stalled_failed == len(swept) <= batch
+        for tid in swept:
+            t = self.model.tasks[tid]
+            t.sac += 1
+            if t.sac > MAX_STALLED:
+                t.state, t.token = "failed", None
+            else:
+                self.model.enqueue(tid)
+        assert report.stalled_failed == sum(1 for tid in swept if self.model.tasks[tid].state == "failed")
+
+    @rule(tid=IDS)
+    def cancel(self, tid):
+        was = self.run(self.q.cancel(tid))
+        t = self.model.tasks.get(tid)
+        assert was == (t.state if t else None)
+        if t and t.state in ("waiting", "active"):
+            t.state, t.token = "canceled", None
+
+    @rule(tid=IDS)
+    def retry(self, tid):
+        was = self.run(self.q.retry(tid))
+        t = self.model.tasks.get(tid)
+        assert was == (t.state if t else None)
+        if t and t.state in ("failed", "canceled"):
+            t.hfc = t.sac = 0
+            self.model.enqueue(tid)
+
+    @invariant()
+    def redis_matches_model(self):
+        if not hasattr(self, "model"):
+            return
+        base = self.q.keys
+        for tid, t in self.model.tasks.items():
+            memberships = [idx for idx in INDEXES if self.raw.zscore(base.key(idx), tid) is not None]
+            assert memberships == [t.state], (tid, memberships, t.state)  # exactly one index
+            h = self.raw.hgetall(base.task(tid))
+            assert h["state"] == t.state
+            assert bool(h.get("token")) == (t.state == "active")  # a token iff active
+            if t.state == "active":
+                assert h["token"] == t.token
+            assert (int(h["attempt"]), int(h["handler_failure_count"]), int(h["stalled_attempt_count"])) == \
+                (t.attempt, t.hfc, t.sac)
+        waiting = self.raw.zrange(base.key("waiting"), 0, -1)
+        assert waiting == sorted(waiting, key=lambda tid: (-self.model.tasks[tid].priority, self.model.tasks[tid].seq))
+
+
+def test_protocol_against_reference_model(redis_url):
+    QueueMachine.redis_url = redis_url
+    QueueMachine.TestCase.settings = settings(
+        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    QueueMachine.TestCase().runTest()
