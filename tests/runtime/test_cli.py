@@ -1,0 +1,39 @@
+"""The inspection CLI, human and JSON output, against a real Redis."""
+
+import json
+
+import effectmq
+from tests.runtime.test_bad_input import cli
+
+
+async def test_offer_stats_task_and_dead_letters(redis_url):
+    common = ["--queue", "cliq", "--url", redis_url]
+    res = cli("offer", "resize", '{"w": 10}', "--task-id", "img-1", *common)
+    assert res.returncode == 0 and "offered: img-1" in res.stdout
+    res = cli("offer", "resize", '{"w": 10}', "--task-id", "img-1", *common)
+    assert "already known: img-1" in res.stdout
+
+    stats = json.loads(cli("stats", "--json", *common).stdout)
+    assert stats["waiting"] == 1 and stats["queue"] == "cliq"
+    assert "waiting: 1" in cli("stats", *common).stdout
+
+    task = json.loads(cli("task", "img-1", "--json", *common).stdout)
+    assert task["payload"] == {"w": 10} and task["state"] == "waiting"
+    missing = cli("task", "nope", *common)
+    assert missing.returncode == 1 and "no task 'nope'" in missing.stderr
+
+    q = effectmq.TaskQueue("cliq", url=redis_url)
+    lease = await q.acquire()
+    await lease.fail(effectmq.ErrorInfo("TooBig", "image too big"), retryable=False)
+    table = cli("dead-letters", *common).stdout
+    assert "img-1" in table and "TooBig: image too big" in table
+    rows = json.loads(cli("dead-letters", "--json", *common).stdout)
+    assert [r["task_id"] for r in rows] == ["img-1"]
+    assert cli("dead-letters", "--retry-all", *common).returncode == 0
+    assert (await q.get("img-1")).state == "waiting"
+
+    assert cli("pause", *common).returncode == 0 and (await q.stats()).paused
+    assert cli("resume", *common).returncode == 0 and not (await q.stats()).paused
+    assert cli("cancel", "img-1", *common).returncode == 0
+    assert (await q.get("img-1")).state == "canceled"
+    await q.close()
