@@ -18,17 +18,16 @@ from typing import Any, AsyncIterator, Iterable, Sequence
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 
-from . import codec, models, retry as retry_policies, scripts
+from . import codec, models, retry as retry_policies
 from .errors import (
     CANCELED, DEFECT, STALLED, ErrorInfo, InvalidOption, LeaseLost, RedisUnavailable,
     TaskError, TaskFailed, TaskNotFound,
 )
 from .keys import INDEXES, QueueKeys, check_queue_name
 from .models import MaintenanceReport, Offered, QueueStats, TaskInfo
+from .scripts import TRANSPORT_ERRORS, ScriptRunner
 
 DEFAULT_URL = "redis://localhost:6379/0"
-# What a lost or refused connection raises (the outcome of a write is then unknown).
-TRANSPORT_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError)
 MAX_PRIORITY = 1000
 MAX_ID_LENGTH = 512
 # Settings a queue keeps in Redis so that producers, workers and the operator agree.
@@ -275,8 +274,7 @@ class TaskQueue:
         self.retention_completed = retention_completed
         self.retention_failed = retention_failed
         self.promote_batch = promote_batch
-        self._scripts = scripts.register_all(self.redis)
-        self._script_keys = self.keys.script_keys
+        self._scripts = ScriptRunner(self.redis, self.keys.script_keys)
         self._token_prefix = secrets.token_hex(6)
 
     def __repr__(self) -> str:
@@ -296,9 +294,9 @@ class TaskQueue:
         where = self.url if self._owns_client else "the given client"
         return RedisUnavailable(f"Redis unavailable at {where} (queue {self.name!r}): {exc}")
 
-    async def _call(self, operation: str, argv: list, client=None) -> Any:
+    async def _call(self, operation: str, argv: list) -> Any:
         try:
-            return await self._scripts[operation](keys=self._script_keys, args=argv, client=client)
+            return await self._scripts(operation, argv)
         except TRANSPORT_ERRORS as exc:
             raise self._unavailable(exc) from exc
 
