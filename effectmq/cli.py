@@ -88,7 +88,7 @@ async def cmd_worker(args) -> int:
     worker = Worker(queue, target, concurrency=args.concurrency, lock_timeout=args.lock_timeout,
                     lock_refresh=args.lock_refresh, drain_timeout=args.drain_timeout,
                     maintenance_interval=args.maintenance_interval, metrics_port=args.metrics_port,
-                    name=_env("HOSTNAME"))
+                    name=_env("EFFECTMQ_WORKER_NAME") or _env("HOSTNAME"))
     try:
         await worker.run()
     finally:

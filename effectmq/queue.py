@@ -66,6 +66,19 @@ def _check_number(name: str, value: Any, *, minimum: float = 0, integer: bool = 
     return value
 
 
+def tls_from_env(url: str) -> tuple[str, dict[str, Any]]:
+    """TLS settings the operator passes to worker pods (EFFECTMQ_REDIS_TLS, _CA_FILE, _TLS_INSECURE)."""
+    options: dict[str, Any] = {}
+    if os.environ.get("EFFECTMQ_REDIS_TLS", "").lower() == "true" and url.startswith("redis://"):
+        url = "rediss://" + url[len("redis://"):]
+    if url.startswith("rediss://"):
+        if os.environ.get("EFFECTMQ_REDIS_CA_FILE"):
+            options["ssl_ca_certs"] = os.environ["EFFECTMQ_REDIS_CA_FILE"]
+        if os.environ.get("EFFECTMQ_REDIS_TLS_INSECURE", "").lower() == "true":
+            options["ssl_cert_reqs"] = "none"
+    return url, options
+
+
 def offer_argv(task_name: str, payload: Any, *, task_id: str | None = None, delay: float | None = None,
                priority: int = 0, max_retries: int | None = None, max_stalled_count: int | None = None,
                retry: Any = None, timeout: float | None = None) -> tuple[str, list]:
@@ -250,7 +263,7 @@ class TaskQueue:
                  prefix: str = "emq", lock_timeout: float = 30.0, max_retries: int = 3,
                  max_stalled_count: int = 1, retry: Any = None, retention_completed: float | None = 86400.0,
                  retention_failed: float | None = 604800.0, promote_batch: int = 100,
-                 max_connections: int | None = None):
+                 max_connections: int | None = None, socket_timeout: float = 15.0):
         self.name = check_queue_name(name)
         _check_number("lock_timeout", lock_timeout, minimum=0.01, allow_none=False)
         _check_number("max_retries", max_retries, integer=True, allow_none=False)
@@ -260,9 +273,11 @@ class TaskQueue:
         self.url = url or os.environ.get("EFFECTMQ_REDIS_URL") or DEFAULT_URL
         self._owns_client = redis is None
         if redis is None:
+            self.url, tls_options = tls_from_env(self.url)
             redis = aioredis.Redis.from_url(
-                self.url, decode_responses=True, socket_connect_timeout=5, health_check_interval=30,
-                max_connections=max_connections,
+                self.url, decode_responses=True, socket_connect_timeout=5, socket_timeout=socket_timeout,
+                health_check_interval=30,
+                max_connections=max_connections, **tls_options,
             )
         elif not redis.connection_pool.connection_kwargs.get("decode_responses"):
             raise InvalidOption("pass a redis client created with decode_responses=True")
@@ -546,6 +561,15 @@ class TaskQueue:
                 for entry_id, fields in entries:
                     last = entry_id
                     yield {"event_id": entry_id, **fields}
+
+    async def worker_beat(self, name: str, in_flight: int, concurrency: int, ttl: float) -> None:
+        """Announce a worker's load (in_flight < 0: it is leaving)."""
+        await self._call("workers", [name, in_flight, concurrency, _ms(ttl)])
+
+    async def workers(self) -> dict[str, tuple[int, int]]:
+        """Live workers of this queue: name -> (in_flight, concurrency)."""
+        flat = await self._call("workers", ["", 0, 0, 0])
+        return {flat[i]: (int(flat[i + 1]), int(flat[i + 2])) for i in range(0, len(flat), 3)}
 
     async def ping(self) -> None:
         try:

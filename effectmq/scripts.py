@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover - hiredis is a declared dependency
 
 OPERATIONS = (
     "offer", "acquire", "renew", "complete", "fail", "release", "progress",
-    "cancel", "retry", "maintain", "stats", "configure",
+    "cancel", "retry", "maintain", "stats", "configure", "workers",
 )
 # Safe to send again after a lost connection: each is idempotent for the same
 # arguments (explicit or pre-generated task ids, lease tokens). acquire is not:

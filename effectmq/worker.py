@@ -29,6 +29,7 @@ from .queue import Lease, TaskQueue
 
 log = logging.getLogger("effectmq.worker")
 UNKNOWN_TASK_LABEL = "<unknown>"
+WORKER_BEAT_INTERVAL = 2.0  # seconds between announcements of this worker's load
 
 
 class TaskContext:
@@ -140,6 +141,7 @@ class Worker:
         helpers = [
             asyncio.create_task(self._heartbeat_loop(), name="effectmq-heartbeat"),
             asyncio.create_task(self._maintenance_loop(), name="effectmq-maintenance"),
+            asyncio.create_task(self._announce_loop(), name="effectmq-announce"),
         ]
         log.info("worker %s serving queue %r with %d handlers, concurrency %d",
                  self.name, self._q, len(self.handlers), self.concurrency)
@@ -319,6 +321,21 @@ class Worker:
         while True:
             await asyncio.sleep(tick)
             await self._heartbeat_once()
+
+    async def _announce_loop(self) -> None:
+        """Tell the operator how busy this process is (it protects busy pods on scale-in).
+        Separate from the heartbeat, so a slow announcement never delays a renewal."""
+        try:
+            while True:
+                await self._announce(len(self._attempts))
+                await asyncio.sleep(WORKER_BEAT_INTERVAL)
+        finally:
+            await self._announce(-1)
+
+    async def _announce(self, in_flight: int) -> None:
+        with contextlib.suppress(RedisUnavailable, asyncio.TimeoutError):
+            beat = self.queue.worker_beat(self.name, in_flight, self.concurrency, ttl=3 * WORKER_BEAT_INTERVAL)
+            await asyncio.wait_for(beat, WORKER_BEAT_INTERVAL)
 
     async def _heartbeat_once(self) -> None:
         now = time.monotonic()

@@ -14,6 +14,7 @@ Every script receives the same queue-level KEYS (all share the queue's hash tag)
   KEYS[10] events      stream of lifecycle events, trimmed approximately
   KEYS[11] seq         counter for FIFO order and lease tokens
   KEYS[12] ready_since zset of waiting ids, score = time it became ready (oldest-waiting age)
+  KEYS[13] workers     hash of live worker processes: name -> "in_flight concurrency expires_ms"
 Task keys are derived from KEYS[1] and therefore hash to the same slot.
 All times come from Redis TIME, in milliseconds.
 ]]
@@ -21,6 +22,7 @@ local BASE = KEYS[1]
 local K_WAITING, K_DELAYED, K_ACTIVE = KEYS[2], KEYS[3], KEYS[4]
 local K_COMPLETED, K_FAILED, K_CANCELED = KEYS[5], KEYS[6], KEYS[7]
 local K_DEDUP, K_META, K_EVENTS, K_SEQ, K_READY_SINCE = KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local K_WORKERS = KEYS[13]
 local PRIORITY_SPAN = 1099511627776 -- 2^40 sequence numbers per priority band
 
 local function now_ms()

@@ -239,3 +239,22 @@ async def test_worker_rejects_invalid_options(queue):
         effectmq.Worker(queue, {"x": print}, lock_refresh=5, lock_timeout=1)
     with pytest.raises(effectmq.InvalidOption, match="at least one handler"):
         effectmq.Worker(queue, {})
+
+
+async def test_worker_announces_its_load_and_leaves(queue):
+    entered = asyncio.Event()
+
+    async def hold(payload):
+        entered.set()
+        await asyncio.sleep(0.5)
+
+    worker = make_worker(queue, {"hold": hold}, concurrency=3, name="pod-a")
+    async with running(worker):
+        await queue.offer("hold", None)
+        await asyncio.wait_for(entered.wait(), 5)
+        for _ in range(100):
+            if (await queue.workers()).get("pod-a") == (1, 3):
+                break
+            await asyncio.sleep(0.05)
+        assert (await queue.workers())["pod-a"] == (1, 3)
+    assert "pod-a" not in await queue.workers()

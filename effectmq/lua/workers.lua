@@ -1,0 +1,28 @@
+--[[ workers: record this worker's load, and list the live workers of the queue.
+KEYS: the queue keys of lib.lua.
+ARGV[1] name (empty: only list)  ARGV[2] in_flight (-1: the worker is leaving)
+ARGV[3] concurrency  ARGV[4] ttl_ms (how long the entry stays live without news)
+Returns: flat list of live workers: name, in_flight, concurrency, ... Entries past
+their expiry are removed (the hash holds one entry per worker process).
+]]
+local now = now_ms()
+if ARGV[1] ~= '' then
+  if tonumber(ARGV[2]) < 0 then
+    redis.call('HDEL', K_WORKERS, ARGV[1])
+  else
+    redis.call('HSET', K_WORKERS, ARGV[1], ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. (now + tonumber(ARGV[4])))
+  end
+end
+local out = {}
+local all = redis.call('HGETALL', K_WORKERS)
+for i = 1, #all, 2 do
+  local in_flight, concurrency, expires = string.match(all[i + 1], '(%S+) (%S+) (%S+)')
+  if tonumber(expires) < now then
+    redis.call('HDEL', K_WORKERS, all[i])
+  else
+    out[#out + 1] = all[i]
+    out[#out + 1] = tonumber(in_flight)
+    out[#out + 1] = tonumber(concurrency)
+  end
+end
+return out
