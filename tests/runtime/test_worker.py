@@ -246,7 +246,7 @@ async def test_worker_announces_its_load_and_leaves(queue):
 
     async def hold(payload):
         entered.set()
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(3)  # longer than one announcement interval
 
     worker = make_worker(queue, {"hold": hold}, concurrency=3, name="pod-a")
     async with running(worker):
