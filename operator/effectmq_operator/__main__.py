@@ -1,0 +1,35 @@
+"""Run the operator: `python -m effectmq_operator [--namespace NS ...]`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+import kopf
+from prometheus_client import start_http_server
+
+from . import handlers  # noqa: F401  (registers the handlers)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="effectmq-operator", description="The EffectMQ Kubernetes operator")
+    parser.add_argument("--namespace", "-n", action="append", default=[],
+                        help="watch only these namespaces (default: the whole cluster)")
+    parser.add_argument("--liveness", default=os.environ.get("EFFECTMQ_OPERATOR_LIVENESS", "http://0.0.0.0:8080/healthz"),
+                        help="liveness endpoint URL (kopf)")
+    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("EFFECTMQ_OPERATOR_METRICS_PORT", "9090")),
+                        help="Prometheus metrics port (0: off)")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args()
+    kopf.configure(verbose=args.verbose, log_prefix=True)
+    if args.metrics_port:
+        start_http_server(args.metrics_port)
+    namespaces = args.namespace or [n for n in os.environ.get("EFFECTMQ_WATCH_NAMESPACES", "").split(",") if n]
+    asyncio.run(kopf.operator(
+        clusterwide=not namespaces, namespaces=namespaces, standalone=True, liveness_endpoint=args.liveness or None,
+    ))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""Prometheus metrics of the operator (label: the queue's name in Redis)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+SCALE_DECISIONS = Counter("effectmq_operator_scale_decisions", "Replica changes made", ["queue", "direction"])
+DESIRED_REPLICAS = Gauge("effectmq_operator_desired_replicas", "Replicas the last decision asked for", ["queue"])
+BACKLOG = Gauge("effectmq_operator_backlog", "Tasks per state at the last poll", ["queue", "state"])
+OLDEST_WAITING = Gauge("effectmq_operator_oldest_waiting_seconds", "Age of the oldest waiting task", ["queue"])
+POLL_ERRORS = Counter("effectmq_operator_poll_errors", "Polls that could not reach Redis", ["queue"])
+RECOVERED = Counter("effectmq_operator_leases_recovered", "Expired leases recovered by the operator's maintenance",
+                    ["queue", "outcome"])
+TICKS = Counter("effectmq_operator_schedule_ticks", "Schedule ticks materialized as tasks", ["schedule"])
+
+
+def record_poll(queue: str, stats, desired: int) -> None:
+    for state in ("waiting", "delayed", "active", "failed", "completed"):
+        BACKLOG.labels(queue, state).set(getattr(stats, state))
+    OLDEST_WAITING.labels(queue).set(stats.oldest_waiting_seconds)
+    DESIRED_REPLICAS.labels(queue).set(desired)
+
+
+def record_maintenance(queue: str, report) -> None:
+    if report.recovered:
+        RECOVERED.labels(queue, "recovered").inc(report.recovered)
+    if report.stalled_failed:
+        RECOVERED.labels(queue, "failed").inc(report.stalled_failed)

@@ -1,0 +1,91 @@
+"""The pure builders: worker Deployment, queue settings and conditions."""
+
+from datetime import datetime, timezone
+
+import pytest
+import yaml
+
+import effectmq
+from effectmq_operator import builders, status
+from tests.support.processes import ROOT
+
+QUEUE = yaml.safe_load((ROOT / "examples/k8s/queue.yaml").read_text())
+OWNER = {**QUEUE, "metadata": {"name": "emails", "namespace": "shop", "uid": "u-1"}}
+
+
+def env_of(deployment):
+    return {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def test_worker_deployment_runs_the_queue_handlers():
+    d = builders.worker_deployment("shop", "emails", QUEUE["spec"], 3, owner=OWNER)
+    pod = d["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert (d["metadata"]["name"], d["spec"]["replicas"]) == ("emails-worker", 3)
+    assert c["command"] == ["effectmq", "worker"] and c["args"] == ["shop.tasks:app"]
+    assert c["image"] == QUEUE["spec"]["worker"]["image"] and c["resources"] == QUEUE["spec"]["worker"]["resources"]
+    env = env_of(d)
+    assert env["EFFECTMQ_QUEUE"]["value"] == "shop/emails"
+    assert env["EFFECTMQ_REDIS_URL"]["value"] == QUEUE["spec"]["redis"]["url"]
+    assert env["EFFECTMQ_CONCURRENCY"]["value"] == "16"
+    assert env["LOG_LEVEL"]["value"] == "info"  # the user's variables are kept
+    assert int(env["EFFECTMQ_DRAIN_TIMEOUT"]["value"]) < pod["terminationGracePeriodSeconds"]
+    ref = d["metadata"]["ownerReferences"][0]
+    assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == ("Queue", "emails", "u-1", True)
+    assert d["spec"]["selector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
+
+
+def test_secret_url_tls_and_pod_template_overrides():
+    spec = {
+        "redis": {"urlFrom": {"secretKeyRef": {"name": "redis", "key": "url"}},
+                  "tls": {"enabled": True, "caFrom": {"secretKeyRef": {"name": "ca", "key": "ca.pem"}}}},
+        "worker": {"image": "w:1", "handlers": "a:b", "terminationGracePeriodSeconds": 30,
+                   "podTemplate": {"nodeSelector": {"pool": "jobs"}, "serviceAccountName": "runner",
+                                   "tolerations": [{"key": "jobs", "operator": "Exists"}],
+                                   "labels": {"team": "x"}, "annotations": {"a": "b"}}},
+    }
+    d = builders.worker_deployment("ns", "q", spec, 0)
+    env = env_of(d)
+    assert env["EFFECTMQ_REDIS_URL"]["valueFrom"] == {"secretKeyRef": {"name": "redis", "key": "url"}}
+    assert env["EFFECTMQ_REDIS_TLS"]["value"] == "true"
+    assert env["EFFECTMQ_REDIS_CA_FILE"]["value"] == "/etc/effectmq/redis-ca/ca.crt"
+    pod = d["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "jobs"} and pod["serviceAccountName"] == "runner"
+    assert pod["tolerations"][0]["key"] == "jobs"
+    assert {"name": "redis-ca", "secret": {"secretName": "ca", "items": [{"key": "ca.pem", "path": "ca.crt"}]}} \
+        in pod["volumes"]
+    assert d["spec"]["template"]["metadata"]["labels"]["team"] == "x"
+    assert d["spec"]["template"]["metadata"]["annotations"]["a"] == "b"
+    assert "ownerReferences" not in d["metadata"]
+
+
+@pytest.mark.parametrize("grace, drain", [(60, 50), (30, 25), (10, 5), (5, 1), (0, 1)])
+def test_drain_timeout_leaves_a_margin(grace, drain):
+    assert builders.drain_timeout(grace) == drain
+
+
+def test_queue_settings_from_the_spec():
+    settings = builders.queue_settings({**QUEUE["spec"], "retry": {"backoff": "Exponential", "initialDelaySeconds": 2}})
+    assert settings["max_retries"] == 5 and settings["lock_timeout"] == 30 and settings["paused"] is False
+    assert isinstance(settings["retry"], effectmq.Exponential)
+    assert builders.queue_settings({})["max_retries"] is None  # unset: the queue's default
+
+
+def test_conditions_keep_transition_time_until_status_flips():
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    t1 = datetime(2026, 1, 2, tzinfo=timezone.utc)
+    first = status.queue_status(generation=1, previous={}, redis_ok=True, redis_reason="Connected",
+                                redis_message="ok", deployment_ok=True, deployment_message="ok", now=t0)
+    ready = {c["type"]: c for c in first["conditions"]}
+    assert ready["Ready"]["status"] == "True" and ready["Ready"]["observedGeneration"] == 1
+    second = status.queue_status(generation=2, previous=first, redis_ok=True, redis_reason="Connected",
+                                 redis_message="ok", deployment_ok=True, deployment_message="ok", now=t1)
+    assert {c["type"]: c for c in second["conditions"]}["Ready"]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    third = status.queue_status(generation=2, previous=second, redis_ok=False, redis_reason="SecretNotFound",
+                                redis_message="Secret shop/redis not found", deployment_ok=True,
+                                deployment_message="ok", now=t1)
+    by_type = {c["type"]: c for c in third["conditions"]}
+    assert by_type["Ready"]["status"] == "False" and by_type["Ready"]["reason"] == "SecretNotFound"
+    assert by_type["Ready"]["lastTransitionTime"] == "2026-01-02T00:00:00Z"

@@ -1,0 +1,81 @@
+"""Table-driven tests of the pure scaling decision."""
+
+import pytest
+
+from effectmq_operator.scaling import Observation, ScalingSpec, ScalingState, decide, max_step_up, restore_state
+
+SPEC = ScalingSpec(min_replicas=0, max_replicas=20, target_tasks_per_replica=100, activation_tasks=5,
+                   scale_down_stabilization=60, cooldown=120, concurrency=10)
+
+
+@pytest.mark.parametrize("name, spec, seen, expected, reason", [
+    ("idle stays at zero", SPEC, Observation(0, 0, 0), 0, "hold at 0"),
+    ("below activation stays at zero", SPEC, Observation(4, 0, 0), 0, "below the activation threshold of 5"),
+    ("activation wakes from zero", SPEC, Observation(5, 0, 0), 1, "scale up to 1"),
+    ("in-flight work wakes from zero whatever the threshold", SPEC, Observation(0, 3, 0), 1, "scale up to 1"),
+    ("1000 tasks at 100 per replica is 10, step-limited from 2", SPEC, Observation(1000, 0, 2), 6,
+     "step limited, target 10"),
+    ("step limit from 8 reaches the target", SPEC, Observation(900, 100, 8), 10, "scale up to 10"),
+    ("never above max", SPEC, Observation(10_000, 0, 20), 20, "hold at 20"),
+    ("min replicas hold even when idle", ScalingSpec(min_replicas=2, max_replicas=5), Observation(0, 0, 2), 2,
+     "hold at 2"),
+    ("below min scales up to min", ScalingSpec(min_replicas=2, max_replicas=5), Observation(0, 0, 0), 2,
+     "scale up to 2"),
+    ("max below min is treated as min", ScalingSpec(min_replicas=3, max_replicas=1), Observation(0, 0, 0), 3,
+     "scale up to 3"),
+    ("ceil, not floor", SPEC, Observation(101, 0, 1), 2, "scale up to 2"),
+])
+def test_decisions_from_a_fresh_state(name, spec, seen, expected, reason):
+    decision = decide(spec, seen, ScalingState(), now=1000.0)
+    assert decision.replicas == expected, name
+    assert reason in decision.reason, (name, decision.reason)
+
+
+def test_scale_down_waits_for_the_stabilization_window():
+    state = ScalingState()
+    d = decide(SPEC, Observation(1000, 0, 10), state, now=0)
+    assert d.replicas == 10
+    d = decide(SPEC, Observation(100, 0, 10), d.state, now=30)  # inside the window: hold
+    assert d.replicas == 10 and "stabilization window" in d.reason
+    d = decide(SPEC, Observation(100, 0, 10), d.state, now=61)  # the 10 fell out of the window
+    assert d.replicas == 1 and d.reason.startswith("scale down to 1")
+
+
+def test_scale_down_never_below_pods_holding_leases():
+    d = decide(SPEC, Observation(0, 35, 10), ScalingState(), now=0)
+    assert d.replicas == 10  # a fresh window holds
+    d = decide(SPEC, Observation(0, 35, 10), d.state, now=100)
+    assert d.replicas == 4  # ceil(35 active / 10 per pod)
+    d = decide(SPEC, Observation(0, 1, 4, busy_workers=3), d.state, now=200)
+    assert d.replicas == 3  # three pods still announce work in flight
+
+
+def test_scale_to_zero_only_after_the_cooldown():
+    d = decide(SPEC, Observation(50, 0, 1), ScalingState(), now=0)
+    assert d.replicas == 1
+    d = decide(SPEC, Observation(0, 0, 1), d.state, now=90)  # window passed, cooldown not
+    assert d.replicas == 1 and "cooldown" in d.reason
+    d = decide(SPEC, Observation(0, 0, 1), d.state, now=121)
+    assert d.replicas == 0 and d.reason.startswith("scale to zero")
+    d = decide(SPEC, Observation(4, 0, 0), d.state, now=130)  # below activation: stays down
+    assert d.replicas == 0
+
+
+def test_restart_does_not_scale_down_immediately():
+    state = restore_state(None, now=500, current=6)
+    d = decide(SPEC, Observation(0, 0, 6), state, now=501)
+    assert d.replicas == 6
+    assert decide(SPEC, Observation(0, 0, 6), d.state, now=561).replicas == 1
+    assert decide(SPEC, Observation(0, 0, 1), d.state, now=621).replicas == 0
+
+
+@pytest.mark.parametrize("current, limit", [(0, 4), (1, 5), (4, 8), (10, 20)])
+def test_step_limit(current, limit):
+    assert max_step_up(current) == limit
+
+
+def test_recommendation_history_is_bounded_by_the_window():
+    state = ScalingState()
+    for t in range(0, 1000, 10):
+        state = decide(SPEC, Observation(100, 0, 1), state, now=t).state
+    assert len(state.recommendations) <= SPEC.scale_down_stabilization / 10 + 1
