@@ -455,6 +455,12 @@ def test_namespace_fixture_gives_a_fresh_namespace(kube_control_plane, kube_name
     # TokenRequest works (service-account keys are configured)
     token = kube_control_plane.kubectl("create", "token", "default", "-n", kube_namespace).stdout.strip()
     assert token.count(".") == 2
+    # ... and authenticates as the ServiceAccount, which RBAC then limits
+    as_sa = kube_control_plane.token_kubeconfig(token, f"{kube_namespace}-default")
+    whoami = kube_control_plane.kubectl_json("auth", "whoami", f"--kubeconfig={as_sa}")
+    assert whoami["status"]["userInfo"]["username"] == f"system:serviceaccount:{kube_namespace}:default"
+    denied = kube_control_plane.kubectl("get", "secrets", "-n", kube_namespace, f"--kubeconfig={as_sa}", check=False)
+    assert denied.returncode != 0 and "forbidden" in denied.stderr.lower(), denied.stderr
 
 
 # ---------------------------------------------------------------- must show 6
