@@ -50,5 +50,5 @@ async def send_email(payload, ctx):
 async def send_report(payload, ctx):
     """Offered by the `nightly-report` Schedule; the payload carries the tick."""
     await ctx.progress({"stage": "collecting"})
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(payload.get("seconds", 0.05))  # stands in for the real work
     return {"report": payload.get("report", "daily"), "tick": payload.get("tick")}

@@ -13,7 +13,6 @@ import logging
 import time
 from typing import Any, Callable
 
-import kopf
 from kubernetes.client.rest import ApiException
 
 import effectmq
@@ -36,18 +35,17 @@ def scaling_spec(spec: dict) -> scaling.ScalingSpec:
 
 
 class Controller:
-    def __init__(self, kube: Kube, connections: Connections, *, clock: Callable[[], float] = time.time,
-                 post_event: Callable[..., None] = kopf.event):
+    def __init__(self, kube: Kube, connections: Connections, *, clock: Callable[[], float] = time.time):
         self.kube = kube
         self.connections = connections
         self.clock = clock
-        self.post_event = post_event
         self.queues: dict[tuple[str, str], dict] = {}
         self.scaling_states: dict[tuple[str, str], scaling.ScalingState] = {}
         self.next_poll: dict[tuple[str, str], float] = {}
         self.applied_settings: dict[tuple[str, str], dict] = {}
         self.problems: dict[tuple[str, str], str] = {}  # last problem reported, to post each Event once
         self._polling: dict[tuple[str, str], asyncio.Task] = {}
+        self._background: set[asyncio.Task] = set()
         self.extra_passes: list[Callable[[], Any]] = []  # e.g. schedule ticks, run by the leader too
 
     # -- registry (fed by watch events) ------------------------------------
@@ -64,6 +62,17 @@ class Controller:
 
     def queue_body(self, namespace: str, name: str) -> dict | None:
         return self.queues.get((namespace, name))
+
+    def post_event(self, body: dict, *, type: str, reason: str, message: str) -> None:
+        """Fire and forget: an Event that cannot be posted is logged, never fatal."""
+        async def post() -> None:
+            try:
+                await self.kube.post_event(body, type=type, reason=reason, message=message)
+            except Exception as exc:
+                log.warning("could not post Event %s on %s: %s", reason, body["metadata"]["name"], exc)
+        task = asyncio.get_running_loop().create_task(post())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _report(self, body: dict, key: tuple[str, str], reason: str, message: str) -> None:
         """Post a Warning Event once per distinct problem (not on every poll)."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
+from datetime import datetime, timezone
 from typing import Any
 
 import kubernetes
@@ -76,6 +78,20 @@ class Kube:
     async def worker_pods(self, namespace: str, selector: str) -> list[dict]:
         pods = await self._run(self.core.list_namespaced_pod, namespace, label_selector=selector)
         return [self.api.sanitize_for_serialization(p) for p in pods.items]
+
+    async def post_event(self, obj: dict, *, type: str, reason: str, message: str) -> None:
+        """A core/v1 Event about one of our resources (what `kubectl describe` shows)."""
+        meta = obj["metadata"]
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta.get("uid")},
+            "type": type, "reason": reason, "message": message[:1024],
+            "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
+            "reportingInstance": socket.gethostname(), "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        await self._run(self.core.create_namespaced_event, meta["namespace"], body)
 
     async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         await self._run(self.core.patch_namespaced_pod, name, namespace, {"metadata": {"annotations": annotations}})

@@ -1,0 +1,231 @@
+"""The operator on a real control plane with real Redis: Deployments, end to end,
+scaling, maintenance with zero workers, and bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import signal
+
+import pytest
+import yaml
+
+import effectmq
+from tests.support.operator import DeploymentWorker, wait_for
+from tests.support.processes import ROOT
+
+EXAMPLE = yaml.safe_load((ROOT / "examples/k8s/queue.yaml").read_text())
+
+
+def queue_manifest(name: str, redis_url: str | None, **spec_overrides) -> str:
+    body = copy.deepcopy(EXAMPLE)
+    body["metadata"] = {"name": name}
+    if redis_url is not None:
+        body["spec"]["redis"] = {"url": redis_url}
+    for key, value in spec_overrides.items():
+        if isinstance(value, dict) and isinstance(body["spec"].get(key), dict):
+            body["spec"][key] = {**body["spec"][key], **value}
+        else:
+            body["spec"][key] = value
+    return yaml.safe_dump(body)
+
+
+def apply(plane, namespace, manifest: str) -> None:
+    plane.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
+
+
+def get(plane, namespace, kind, name):
+    result = plane.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def condition(body, type_):
+    return next((c for c in (body or {}).get("status", {}).get("conditions", []) if c["type"] == type_), None)
+
+
+def events(plane, namespace, name):
+    items = plane.kubectl_json("get", "events", "-n", namespace)["items"]
+    return [(e["type"], e["reason"], e["message"]) for e in items if e["involvedObject"]["name"] == name]
+
+
+def test_queue_gets_its_worker_deployment_and_loses_it_on_delete(kube_control_plane, kube_namespace,
+                                                                    start_operator, redis_url):
+    plane, ns = kube_control_plane, kube_namespace
+    start_operator()
+    apply(plane, ns, queue_manifest("emails", redis_url))
+    deployment = wait_for(lambda: get(plane, ns, "deployment", "emails-worker"), what="worker Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["effectmq", "worker"] and container["args"] == ["shop.tasks:app"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["EFFECTMQ_QUEUE"] == f"{ns}/emails" and env["EFFECTMQ_REDIS_URL"] == redis_url
+    assert env["EFFECTMQ_CONCURRENCY"] == "16" and env["LOG_LEVEL"] == "info"
+    assert container["resources"]["requests"] == {"cpu": "100m", "memory": "128Mi"}
+    owner = deployment["metadata"]["ownerReferences"][0]
+    queue = get(plane, ns, "queue", "emails")
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Queue", "emails", queue["metadata"]["uid"])
+    plane.kubectl("wait", "--for=condition=Ready", "queue/emails", "-n", ns, "--timeout=30s")
+
+    # A spec change rolls out; queue-level settings reach Redis without a redeploy.
+    plane.kubectl("patch", "queue", "emails", "-n", ns, "--type=merge", "-p",
+                  '{"spec": {"paused": true, "maxActive": 3, "worker": {"concurrency": 4}}}')
+    wait_for(lambda: {e["name"]: e.get("value") for e in get(plane, ns, "deployment", "emails-worker")["spec"]
+                      ["template"]["spec"]["containers"][0]["env"]}["EFFECTMQ_CONCURRENCY"] == "4",
+             what="concurrency rolled out")
+    q = effectmq.SyncTaskQueue(f"{ns}/emails", url=redis_url)
+    wait_for(lambda: q.settings().get("paused") is True and q.settings().get("max_active") == 3,
+             what="settings in Redis")
+    q.close()
+
+    plane.kubectl("delete", "queue", "emails", "-n", ns)
+    wait_for(lambda: get(plane, ns, "deployment", "emails-worker") is None, timeout=60,
+             what="Deployment garbage-collected")
+
+
+def test_end_to_end_with_workers_run_from_the_deployment(kube_control_plane, kube_namespace, start_operator,
+                                                         redis_url, tmp_path):
+    plane, ns = kube_control_plane, kube_namespace
+    plane.kubectl("create", "secret", "generic", "redis", "-n", ns, f"--from-literal=url={redis_url}")
+    start_operator()
+    manifest = yaml.safe_load(queue_manifest("emails", None))
+    manifest["spec"]["redis"] = {"urlFrom": {"secretKeyRef": {"name": "redis", "key": "url"}}}
+    apply(plane, ns, yaml.safe_dump(manifest))
+    deployment = wait_for(lambda: get(plane, ns, "deployment", "emails-worker"), what="worker Deployment")
+    workers = [DeploymentWorker(plane, ns, deployment, f"emails-worker-{i}", tmp_path) for i in range(2)]
+    try:
+        q = effectmq.SyncTaskQueue(f"{ns}/emails", url=redis_url)
+        ids = [q.offer("send_email", {"to": f"user{i}@example.com"}).task_id for i in range(20)]
+        results = [q.wait(tid, timeout=60) for tid in ids]
+        assert [r["delivered_to"] for r in results] == [f"user{i}@example.com" for i in range(20)]
+        q.close()
+    finally:
+        for w in workers:
+            w.stop()
+    assert workers[0].env["EFFECTMQ_REDIS_URL"] == redis_url  # resolved from the Secret
+
+
+def test_scaling_follows_the_backlog(kube_control_plane, kube_namespace, start_operator, redis_url):
+    plane, ns = kube_control_plane, kube_namespace
+    start_operator()
+    apply(plane, ns, queue_manifest("bulk", redis_url, scaling={
+        "minReplicas": 0, "maxReplicas": 20, "targetTasksPerReplica": 100, "activationTasks": 5,
+        "pollIntervalSeconds": 1, "scaleDownStabilizationSeconds": 4, "cooldownSeconds": 6}))
+    wait_for(lambda: get(plane, ns, "deployment", "bulk-worker"), what="worker Deployment")
+    replicas = lambda: get(plane, ns, "deployment", "bulk-worker")["spec"]["replicas"]  # noqa: E731
+    q = effectmq.SyncTaskQueue(f"{ns}/bulk", url=redis_url)
+
+    # Below the activation threshold nothing starts; at it, one replica.
+    q.offer_many([("send_email", {"to": "a@b.c"})] * 3)
+    with pytest.raises(AssertionError):
+        wait_for(lambda: replicas() > 0, timeout=3)
+    q.offer_many([("send_email", {"to": "a@b.c"})] * 2)
+    wait_for(lambda: replicas() == 1, timeout=10, what="0 -> 1 at the activation threshold")
+
+    # 1,000 tasks at 100 per replica: 10 replicas, in bounded steps (1 -> 5 -> 10).
+    q.offer_many([("send_email", {"to": "a@b.c"})] * 995)
+    wait_for(lambda: replicas() == 10, timeout=10, what="scale up to 10")
+    status = wait_for(lambda: (s := get(plane, ns, "queue", "bulk")["status"]).get("desiredReplicas") == 10 and s,
+                      timeout=5, what="status after scaling")
+    assert status["backlog"]["waiting"] == 1000
+    assert "scale up to 10" in status["lastScaleReason"]
+    assert any(r == "Scaled" and "scale up to 10" in m for _, r, m in events(plane, ns, "bulk"))
+
+    # Drain the queue, but keep 25 tasks leased by a worker process that announces them.
+    leased = []
+    async def drain():
+        aq = effectmq.TaskQueue(f"{ns}/bulk", url=redis_url, lock_timeout=120)
+        leases, _ = await aq.acquire_many(25)
+        leased.extend(leases)
+        while True:
+            batch, _ = await aq.acquire_many(200)
+            if not batch:
+                break
+            for lease in batch:
+                await lease.complete()
+        await aq.worker_beat("bulk-worker-busy", 25, 16, ttl=120)
+        return aq
+    loop = asyncio.new_event_loop()
+    aq = loop.run_until_complete(drain())
+    drained_at = __import__("time").monotonic()
+    wait_for(lambda: replicas() == 2, timeout=15, what="scale down to what in-flight work needs")
+    assert __import__("time").monotonic() - drained_at >= 3  # not before the stabilization window
+    status = wait_for(lambda: (s := get(plane, ns, "queue", "bulk")["status"]).get("desiredReplicas") == 2 and s,
+                      timeout=5, what="status after scaling down")
+    assert status["backlog"]["active"] == 25 and "scale down to 2" in status["lastScaleReason"]
+
+    # Work done, worker gone: to zero only after the cooldown.
+    async def finish():
+        for lease in leased:
+            await lease.complete()
+        await aq.worker_beat("bulk-worker-busy", -1, 16, ttl=1)
+        await aq.close()
+    loop.run_until_complete(finish())
+    loop.close()
+    wait_for(lambda: replicas() == 0, timeout=20, what="scale to zero after the cooldown")
+    assert "scale to zero" in get(plane, ns, "queue", "bulk")["status"]["lastScaleReason"]
+    q.offer_many([("send_email", {"to": "a@b.c"})] * 5)
+    wait_for(lambda: replicas() == 1, timeout=10, what="back from zero")
+    q.close()
+
+
+def test_operator_recovers_leases_when_no_worker_is_left(kube_control_plane, kube_namespace, start_operator,
+                                                         redis_url, tmp_path):
+    plane, ns = kube_control_plane, kube_namespace
+    start_operator()
+    apply(plane, ns, queue_manifest("solo", redis_url, lockTimeoutSeconds=2, lockRefreshSeconds=1,
+                                    maxStalledCount=3, scaling={"pollIntervalSeconds": 1}))
+    deployment = wait_for(lambda: get(plane, ns, "deployment", "solo-worker"), what="worker Deployment")
+    q = effectmq.SyncTaskQueue(f"{ns}/solo", url=redis_url)
+    ids = [q.offer("send_report", {"report": f"r{i}", "seconds": 600}).task_id for i in range(4)]
+    # A worker whose handler hangs, then is killed with its tasks in flight.
+    worker = DeploymentWorker(plane, ns, deployment, "solo-worker-0", tmp_path,
+                              overrides={"EFFECTMQ_MAINTENANCE_INTERVAL": "3600"})
+    wait_for(lambda: q.stats().active == 4, what="tasks in flight")
+    worker.stop(signal.SIGKILL)
+    # Nobody else runs maintenance: the operator must hand the tasks back.
+    wait_for(lambda: q.stats().waiting == 4, timeout=20, what="leases recovered by the operator")
+    assert all(q.get(t).stalled_attempt_count == 1 for t in ids)
+    # A worker returns: the recovered tasks run again (a second attempt each).
+    again = DeploymentWorker(plane, ns, deployment, "solo-worker-1", tmp_path,
+                             overrides={"EFFECTMQ_DRAIN_TIMEOUT": "1"})
+    try:
+        wait_for(lambda: q.stats().active == 4, what="tasks running again on the returned worker")
+        assert [q.get(t).attempt for t in ids] == [2, 2, 2, 2]
+    finally:
+        again.stop()  # SIGTERM: drains, then releases what is left
+    assert q.stats().waiting == 4 and all(q.get(t).stalled_attempt_count == 1 for t in ids)
+    q.close()
+
+
+def test_bad_input_becomes_conditions_and_events(kube_control_plane, kube_namespace, start_operator, redis_url):
+    plane, ns = kube_control_plane, kube_namespace
+    start_operator()
+    broken = yaml.safe_load(queue_manifest("nosecret", None))
+    broken["spec"]["redis"] = {"urlFrom": {"secretKeyRef": {"name": "missing", "key": "url"}}}
+    apply(plane, ns, yaml.safe_dump(broken))
+    apply(plane, ns, queue_manifest("noredis", "redis://127.0.0.1:1/0"))
+    apply(plane, ns, queue_manifest("fine", redis_url))
+
+    def reason(name, type_="RedisReachable"):
+        cond = condition(get(plane, ns, "queue", name), type_)
+        return cond and (cond["status"], cond["reason"], cond["message"])
+
+    status, why, message = wait_for(lambda: reason("nosecret"), what="condition on nosecret")
+    assert (status, why) == ("False", "SecretNotFound") and f"Secret {ns}/missing" in message
+    status, why, message = wait_for(lambda: reason("noredis"), what="condition on noredis")
+    assert (status, why) == ("False", "RedisUnreachable") and "127.0.0.1:1" in message
+    assert reason("nosecret", "Ready")[0] == "False"
+    wait_for(lambda: reason("fine", "Ready") and reason("fine", "Ready")[0] == "True", what="the good queue ready")
+    wait_for(lambda: any(r == "SecretNotFound" for _, r, _ in events(plane, ns, "nosecret")), what="Event")
+    wait_for(lambda: any(t == "Warning" and r == "RedisUnreachable" for t, r, _ in events(plane, ns, "noredis")),
+             what="Event")
+    # The good queue keeps being served: its backlog shows up in its status.
+    q = effectmq.SyncTaskQueue(f"{ns}/fine", url=redis_url)
+    q.offer("send_email", {"to": "a@b.c"})
+    wait_for(lambda: (get(plane, ns, "queue", "fine")["status"].get("backlog") or {}).get("waiting") == 1,
+             timeout=30, what="status of the good queue")
+    q.close()
+    # Fixing the Secret heals the broken queue.
+    plane.kubectl("create", "secret", "generic", "missing", "-n", ns, f"--from-literal=url={redis_url}")
+    plane.kubectl("annotate", "queue", "nosecret", "-n", ns, "retry=1")
+    wait_for(lambda: reason("nosecret") and reason("nosecret")[0] == "True", timeout=40, what="healed")

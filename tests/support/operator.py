@@ -1,0 +1,123 @@
+"""Run the operator as a real process against the test control plane, and run
+worker processes exactly as the operator's Deployment describes them."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+from tests.fixtures.redis import free_port
+from tests.support.processes import ROOT
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30.0, interval: float = 0.2, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"{what} not met within {timeout}s (last: {last!r})")
+
+
+class OperatorProcess:
+    def __init__(self, plane, namespace: str, log_dir: Path, *, name: str = "operator",
+                 kubeconfig: Path | None = None, lease: str | None = None, extra_env: dict | None = None):
+        self.port = free_port()
+        self.log_path = log_dir / f"{name}.log"
+        env = plane.env({
+            "POD_NAMESPACE": namespace,
+            "EFFECTMQ_OPERATOR_LEASE": lease or f"effectmq-operator-{namespace}",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "operator"), os.environ.get("PYTHONPATH", "")]),
+            "PYTHONUNBUFFERED": "1",
+            **({"KUBECONFIG": str(kubeconfig)} if kubeconfig else {}),
+            **(extra_env or {}),
+        })
+        argv = [sys.executable, "-m", "effectmq_operator", "--namespace", namespace,
+                "--liveness", f"http://127.0.0.1:{self.port}/healthz", "--metrics-port", "0"]
+        self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=open(self.log_path, "ab"),
+                                     stderr=subprocess.STDOUT)
+        wait_for(self.alive, timeout=60, what=f"operator liveness on port {self.port}\n{self.log()}")
+
+    def alive(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.log()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def deployment_worker_command(plane, namespace: str, deployment: dict, pod_name: str) -> tuple[list[str], dict]:
+    """The worker container's command and environment, resolved as the kubelet would
+    (Secret references read from the API server, the pod name from the field ref)."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env: dict[str, str] = {}
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+            continue
+        source = var["valueFrom"]
+        if "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            secret = plane.kubectl_json("get", "secret", ref["name"], "-n", namespace)
+            env[var["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
+        elif source.get("fieldRef", {}).get("fieldPath") == "metadata.name":
+            env[var["name"]] = pod_name
+    command = list(container["command"]) + list(container.get("args", []))
+    assert command[0] == "effectmq", command
+    executable = shutil.which("effectmq")
+    argv = ([executable] if executable else [sys.executable, "-m", "effectmq"]) + command[1:]
+    return argv, env
+
+
+class DeploymentWorker:
+    """A local process standing in for one pod of the worker Deployment."""
+
+    def __init__(self, plane, namespace: str, deployment: dict, pod_name: str, log_dir: Path,
+                 overrides: dict | None = None):
+        argv, env = deployment_worker_command(plane, namespace, deployment, pod_name)
+        env.update(overrides or {})
+        env["EFFECTMQ_METRICS_PORT"] = str(free_port())  # several "pods" share this host
+        full_env = {**os.environ, **env,
+                    "PYTHONPATH": os.pathsep.join([str(ROOT / "examples"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        self.log_path = log_dir / f"{pod_name}.log"
+        self.proc = subprocess.Popen(argv, env=full_env, cwd=ROOT, stdout=open(self.log_path, "ab"),
+                                     stderr=subprocess.STDOUT)
+        self.env = env
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self, sig=None) -> None:
+        if self.proc.poll() is None:
+            if sig is not None:
+                self.proc.send_signal(sig)
+            else:
+                self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
