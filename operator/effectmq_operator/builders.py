@@ -161,3 +161,28 @@ def queue_settings(spec: dict) -> dict[str, Any]:
         "retry": retry_policies.from_json(spec.get("retry")) if spec.get("retry") else None,
     }
     return settings
+
+
+def schedule_id(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+def schedule_spec(namespace: str, name: str, spec: dict) -> dict:
+    """The scheduler's definition of a Schedule resource (validated by ScheduleSpec)."""
+    task = spec.get("task") or {}
+    out = {
+        "id": schedule_id(namespace, name),
+        "queue": queue_name(namespace, (spec.get("queueRef") or {}).get("name", "")),
+        "cron": spec.get("schedule", ""),
+        "timezone": spec.get("timeZone") or "UTC",
+        "task": task.get("name", ""),
+        "payload": task.get("payload"),
+        "priority": int(task.get("priority", 0)),
+        "max_retries": task.get("maxRetries"),
+        "delay": task.get("delaySeconds"),
+        "missed": str(spec.get("missedTicks", "Coalesce")).lower(),
+        "max_backfill": int(spec.get("maxBackfill", 10)),
+        "starting_deadline": spec.get("startingDeadlineSeconds"),
+        "suspend": bool(spec.get("suspend", False)),
+    }
+    return out

@@ -18,6 +18,7 @@ from .connections import Connections
 from .controller import Controller
 from .kube import Kube, load_config
 from .leader import LeaderElector
+from .schedules import ScheduleController
 
 
 @kopf.on.startup()
@@ -30,9 +31,14 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="effectmq.io")
     load_config()
     kube = Kube()
-    memo.controller = Controller(kube, Connections(kube))
+    connections = Connections(kube)
+    memo.controller = Controller(kube, connections)
+    memo.schedules = ScheduleController(kube, connections, memo.controller)
+    memo.controller.extra_passes.append(memo.schedules.tick)
+    lease_seconds = float(os.environ.get("EFFECTMQ_OPERATOR_LEASE_SECONDS", "15"))
     memo.elector = LeaderElector(kube, namespace=os.environ.get("POD_NAMESPACE", "default"),
-                                 name=os.environ.get("EFFECTMQ_OPERATOR_LEASE", "effectmq-operator"))
+                                 name=os.environ.get("EFFECTMQ_OPERATOR_LEASE", "effectmq-operator"),
+                                 lease_seconds=lease_seconds, renew_every=lease_seconds / 3)
     memo.tasks = [
         asyncio.create_task(memo.elector.run(), name="effectmq-leader"),
         asyncio.create_task(memo.controller.run(lambda: memo.elector.is_leader), name="effectmq-loop"),
@@ -45,6 +51,7 @@ async def cleanup(memo: kopf.Memo, **_) -> None:
         task.cancel()
     await asyncio.gather(*getattr(memo, "tasks", []), return_exceptions=True)
     if hasattr(memo, "controller"):
+        await memo.schedules.close()
         await memo.controller.stop()
         await memo.elector.release()
 
@@ -59,3 +66,15 @@ def queue_event(type: str, body: kopf.Body, memo: kopf.Memo, **_) -> None:
 @kopf.on.update(GROUP, VERSION, "queues", field="spec")
 async def reconcile_queue(body: kopf.Body, memo: kopf.Memo, **_) -> None:
     await memo.controller.reconcile_queue(dict(body))
+
+
+@kopf.on.event(GROUP, VERSION, "schedules")
+async def schedule_event(type: str, body: kopf.Body, memo: kopf.Memo, **_) -> None:
+    await memo.schedules.observe(type, dict(body))
+
+
+@kopf.on.resume(GROUP, VERSION, "schedules")
+@kopf.on.create(GROUP, VERSION, "schedules")
+@kopf.on.update(GROUP, VERSION, "schedules", field="spec")
+async def reconcile_schedule(body: kopf.Body, memo: kopf.Memo, **_) -> None:
+    await memo.schedules.reconcile(dict(body))

@@ -62,3 +62,26 @@ def replace_condition(conditions: list[dict], new: dict, generation: int | None,
     """Swap one condition in, recomputing Ready from the rest."""
     others = [c for c in conditions if c.get("type") not in (new["type"], "Ready")]
     return with_ready(others + [new], generation, conditions, now)
+
+
+def _iso(value) -> str | None:
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ") if value is not None else None
+
+
+def schedule_progress(state) -> dict[str, Any]:
+    """Status fields mirrored from the scheduler's record of a schedule."""
+    return {
+        "lastTickTime": _iso(state.last_tick),
+        "lastTaskId": state.last_task_id,
+        "nextTickTime": _iso(state.next_tick),
+        "missedTicks": {"skipped": state.skipped, "coalesced": state.coalesced, "backfilled": state.backfilled},
+        "lastError": state.last_error,
+    }
+
+
+def schedule_status(*, generation: int | None, previous: dict, checks: list[tuple[str, bool, str, str]],
+                    now: datetime | None = None) -> dict[str, Any]:
+    """Conditions of a Schedule from (type, ok, reason, message) checks, plus Ready."""
+    prev = previous.get("conditions") or []
+    conditions = [condition(t, ok, reason, message, generation, prev, now) for t, ok, reason, message in checks]
+    return {"observedGeneration": generation, "conditions": with_ready(conditions, generation, prev, now)}
