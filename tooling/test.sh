@@ -36,6 +36,7 @@ fi
 "$venv/bin/pip" install -q --no-deps --no-build-isolation -e . >&2
 
 # 3. The Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, kubectl, helm).
+export PATH="$PATH:/usr/local/go/bin"  # where the machine image installs Go
 if [ -z "${EFFECTMQ_CONTROLPLANE_BIN:-}" ]; then
     command -v go >/dev/null 2>&1 || { say "go is needed to build the test control plane"; exit 1; }
     EFFECTMQ_CONTROLPLANE_BIN="$(bash tooling/controlplane/build.sh | tail -n 1)"
