@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--batch", type=int, default=100)
     m.set_defaults(run=_simple("maintain"))
 
-    for extension in ("effectmq.scheduler.cli",):
+    for extension in ("effectmq.scheduler.cli", "effectmq_operator.local.cli"):
         try:
             importlib.import_module(extension).register(sub)
         except ImportError:

@@ -1,0 +1,295 @@
+"""Run Queues and Schedules on this machine: local Redis, worker processes scaled by
+the operator's scaling decision, schedules, maintenance, and a live view.
+
+Ctrl-C (SIGINT) or SIGTERM stops it cleanly: the scheduler stops, every worker
+drains (finishes or releases its attempts), and Redis is shut down after its
+append-only file is synced, so the next start continues where this one stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+import effectmq
+from effectmq.scheduler import Scheduler
+from effectmq.scheduler.model import ScheduleSpec
+
+from .. import builders, scaling
+from . import view
+from .manifests import Resource
+
+log = logging.getLogger("effectmq.local")
+SCHEDULER_NAMESPACE = "local"
+
+
+class LocalError(RuntimeError):
+    """Something the local runner needs is missing; the message says what to do."""
+
+
+# -- Redis -------------------------------------------------------------------------
+
+class LocalRedis:
+    """A redis-server with AOF in `data_dir`: what was accepted survives a restart."""
+
+    def __init__(self, data_dir: Path, port: int):
+        self.data_dir = data_dir
+        self.port = port
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise LocalError("redis-server is not installed. Install it (Debian/Ubuntu: "
+                             "`sudo apt-get install redis-server`, macOS: `brew install redis`) "
+                             "or point at a running Redis with --redis-url.")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log_file = open(self.data_dir / "redis.log", "ab")
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
+             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--maxmemory-policy", "noeviction",
+             "--protected-mode", "no"],
+            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        client = aioredis.Redis(port=self.port)
+        try:
+            for _ in range(250):
+                try:
+                    await client.ping()
+                    return
+                except Exception:
+                    if self.proc.poll() is not None:
+                        tail = (self.data_dir / "redis.log").read_text(errors="replace")[-800:]
+                        raise LocalError(f"redis-server exited (port {self.port} in use?):\n{tail}") from None
+                    await asyncio.sleep(0.02)
+        finally:
+            await client.aclose()
+        raise LocalError("redis-server did not answer within 5s")
+
+    async def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        client = aioredis.Redis(port=self.port)
+        with contextlib.suppress(Exception):
+            await client.execute_command("SHUTDOWN")  # syncs the AOF before exiting
+        with contextlib.suppress(Exception):
+            await client.aclose()
+        try:
+            await asyncio.to_thread(self.proc.wait, 10)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+
+
+# -- worker processes ----------------------------------------------------------------
+
+@dataclass
+class WorkerProc:
+    name: str
+    proc: subprocess.Popen
+    stopping: bool = False
+
+
+@dataclass
+class LocalQueue:
+    resource: Resource
+    queue: effectmq.TaskQueue
+    spec: scaling.ScalingSpec
+    env: dict[str, str]
+    argv: list[str]
+    workers: list[WorkerProc] = field(default_factory=list)
+    state: scaling.ScalingState = field(default_factory=scaling.ScalingState)
+    next_poll: float = 0.0
+    last_reason: str = ""
+    serial: int = 0
+
+    @property
+    def running(self) -> list[WorkerProc]:
+        return [w for w in self.workers if not w.stopping and w.proc.poll() is None]
+
+
+def worker_env(resource: Resource, redis_url: str, worker_name: str) -> dict[str, str]:
+    """The Deployment's environment, with what only a cluster provides resolved locally."""
+    env: dict[str, str] = {}
+    for var in builders.worker_env(resource.namespace, resource.name, resource.spec):
+        if var["name"] == "EFFECTMQ_REDIS_URL":
+            env[var["name"]] = redis_url  # the local Redis, whatever the manifest says
+        elif var["name"] == "EFFECTMQ_METRICS_PORT":
+            continue  # several local workers would fight over one port
+        elif "value" in var:
+            env[var["name"]] = str(var["value"])
+        elif var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
+            env[var["name"]] = worker_name
+    return env
+
+
+class LocalRunner:
+    def __init__(self, resources: list[Resource], *, data_dir: Path, redis_port: int = 6390,
+                 redis_url: str | None = None, pythonpath: list[str] = (), live_view: bool = True,
+                 burst: int = 0, burst_task: str = "send_email", stop_after: float | None = None):
+        self.resources = resources
+        self.data_dir = data_dir
+        self.redis = None if redis_url else LocalRedis(data_dir / "redis", redis_port)
+        self.redis_url = redis_url or self.redis.url
+        self.pythonpath = [str(Path(p).resolve()) for p in pythonpath]
+        self.live_view = live_view
+        self.burst = burst
+        self.burst_task = burst_task
+        self.stop_after = stop_after
+        self.queues: dict[str, LocalQueue] = {}
+        self.scheduler: Scheduler | None = None
+        self.recent_ticks: list[str] = []
+        self.recent_failures: list[str] = []
+        self.ticks_created = 0
+        self.stopping = asyncio.Event()
+        self.worker_logs = data_dir / "logs"
+
+    # -- setup ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.redis is not None:
+            await self.redis.start()
+        self.worker_logs.mkdir(parents=True, exist_ok=True)
+        executable = shutil.which("effectmq")
+        base = [executable] if executable else [sys.executable, "-m", "effectmq"]
+        for r in (r for r in self.resources if r.kind == "Queue"):
+            qname = builders.queue_name(r.namespace, r.name)
+            q = effectmq.TaskQueue(qname, url=self.redis_url)
+            await q.ping()
+            await q.configure(**builders.queue_settings(r.spec))
+            worker = r.spec.get("worker") or {}
+            if not worker.get("handlers"):
+                raise LocalError(f"{r.source}: Queue {r.name}: spec.worker.handlers is needed to run workers")
+            self.queues[qname] = LocalQueue(
+                r, q, scaling.ScalingSpec.from_crd(r.spec.get("scaling") or {}, worker.get("concurrency", 10)),
+                env={}, argv=base + ["worker", worker["handlers"]])
+        self.scheduler = Scheduler(self.redis_url, namespace=SCHEDULER_NAMESPACE)
+        wanted = set()
+        for r in (r for r in self.resources if r.kind == "Schedule"):
+            spec = ScheduleSpec.from_json(builders.schedule_spec(r.namespace, r.name, r.spec))
+            wanted.add(spec.id)
+            await self.scheduler.put(spec)
+        for old in await self.scheduler.list():  # schedules removed from the manifests stop firing
+            if old.id not in wanted:
+                await self.scheduler.remove(old.id)
+        if self.burst:  # a burst of tasks on the first queue, to watch the workers scale
+            first = next(iter(self.queues.values()))
+            await first.queue.offer_many([(self.burst_task, {"to": f"user{i}@example.com", "subject": "burst"})
+                                          for i in range(self.burst)])
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def _spawn(self, lq: LocalQueue) -> None:
+        lq.serial += 1
+        name = f"{lq.resource.name}-worker-{lq.serial}"
+        env = {**os.environ, **worker_env(lq.resource, self.redis_url, name)}
+        env["PYTHONPATH"] = os.pathsep.join([*self.pythonpath, os.getcwd(), os.environ.get("PYTHONPATH", "")])
+        out = open(self.worker_logs / f"{name}.log", "ab")
+        proc = subprocess.Popen(lq.argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        lq.workers.append(WorkerProc(name, proc))
+
+    async def _scale(self, lq: LocalQueue, now: float) -> None:
+        lq.workers = [w for w in lq.workers if w.proc.poll() is None]
+        stats = await lq.queue.stats()
+        announced = await lq.queue.workers()
+        running = lq.running
+        busy = sum(1 for w in running if announced.get(w.name, (0, 0))[0] > 0)
+        decision = scaling.decide(lq.spec, scaling.Observation(stats.waiting, stats.active, len(running), busy),
+                                  lq.state, now)
+        lq.state = decision.state
+        if decision.replicas != len(running):
+            lq.last_reason = decision.reason
+            log.info("%s: %s", lq.queue.name, decision.reason)
+        for _ in range(decision.replicas - len(running)):
+            self._spawn(lq)
+        surplus = len(running) - decision.replicas
+        if surplus > 0:  # idle workers go first, like pod-deletion-cost on Kubernetes
+            for w in sorted(running, key=lambda w: announced.get(w.name, (0, 0))[0])[:surplus]:
+                w.stopping = True
+                w.proc.send_signal(signal.SIGTERM)
+
+    async def _maintain(self, lq: LocalQueue) -> None:
+        for _ in range(5):
+            if not (await lq.queue.maintain(batch=200)).more:
+                break
+
+    async def _note_failures(self) -> None:
+        for lq in self.queues.values():
+            for t in await lq.queue.dead_letters(limit=5):
+                line = f"{t.task_id} ({t.name}): {t.error.tag if t.error else '?'}"
+                if line not in self.recent_failures:
+                    self.recent_failures = (self.recent_failures + [line])[-5:]
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stopping.set)
+        started = time.monotonic()
+        try:
+            await self.start()
+            next_view = 0.0
+            while not self.stopping.is_set():
+                now = time.monotonic()
+                for lq in self.queues.values():
+                    if now >= lq.next_poll:
+                        lq.next_poll = now + min(lq.spec.poll_interval, 5.0)
+                        await self._maintain(lq)
+                        await self._scale(lq, now)
+                report = await self.scheduler.tick()
+                for m in report.materialized:
+                    if m.created:
+                        self.ticks_created += 1
+                        self.recent_ticks = (self.recent_ticks + [f"{m.tick:%H:%M:%S} {m.schedule_id} -> {m.task_id}"])[-5:]
+                if now >= next_view:
+                    next_view = now + 1.0
+                    await self._note_failures()
+                    await self._render()
+                if self.stop_after is not None and now - started >= self.stop_after:
+                    break
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), 0.5)
+        finally:
+            await self.shutdown()
+
+    async def _render(self) -> None:
+        rows = []
+        for lq in self.queues.values():
+            stats = await lq.queue.stats()
+            rows.append(view.QueueRow(lq.queue.name, stats, len(lq.running), lq.last_reason))
+        text = view.render(self.redis_url, rows, self.recent_ticks, self.recent_failures, self.worker_logs)
+        if self.live_view and sys.stdout.isatty():
+            sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
+        else:
+            sys.stdout.write(view.status_line(rows, self.ticks_created) + "\n")
+        sys.stdout.flush()
+
+    async def shutdown(self) -> None:
+        print("effectmq local: stopping: draining workers ...", flush=True)
+        procs = [w.proc for lq in self.queues.values() for w in lq.workers if w.proc.poll() is None]
+        for p in procs:
+            p.send_signal(signal.SIGTERM)  # drain: finish or release, never stall
+        for p in procs:
+            try:
+                await asyncio.to_thread(p.wait, 120)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for lq in self.queues.values():
+            await lq.queue.close()
+        if self.scheduler is not None:
+            await self.scheduler.close()
+        if self.redis is not None:
+            await self.redis.stop()
+        print("effectmq local: stopped; state kept in " + str(self.data_dir), flush=True)

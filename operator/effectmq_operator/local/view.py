@@ -1,0 +1,36 @@
+"""The live terminal view of the local runner (pure: state in, text out)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class QueueRow:
+    name: str
+    stats: Any
+    replicas: int
+    last_scale: str
+
+
+def render(redis_url: str, rows: list[QueueRow], ticks: list[str], failures: list[str], logs: Path) -> str:
+    lines = [f"EffectMQ local  |  Redis {redis_url}  |  Ctrl-C drains workers and stops", ""]
+    lines.append(f"{'QUEUE':<28} {'WAITING':>7} {'DELAYED':>7} {'ACTIVE':>6} {'DONE':>7} {'FAILED':>6} {'WORKERS':>7}")
+    for r in rows:
+        s = r.stats
+        lines.append(f"{r.name:<28} {s.waiting:>7} {s.delayed:>7} {s.active:>6} {s.completed:>7} {s.failed:>6} "
+                     f"{r.replicas:>7}")
+        if r.last_scale:
+            lines.append(f"  last scaling: {r.last_scale}")
+    lines += ["", "recent ticks:"] + [f"  {t}" for t in ticks or ["(none yet)"]]
+    lines += ["", "recent failures:"] + [f"  {f}" for f in failures or ["(none)"]]
+    lines += ["", f"worker logs: {logs}"]
+    return "\n".join(lines)
+
+
+def status_line(rows: list[QueueRow], ticks: int) -> str:
+    """One line per refresh when the output is not a terminal (logs, tests)."""
+    return " | ".join(f"{r.name} waiting={r.stats.waiting} active={r.stats.active} completed={r.stats.completed} "
+                      f"failed={r.stats.failed} workers={r.replicas}" for r in rows) + f" | ticks={ticks}"

@@ -1,0 +1,135 @@
+"""`effectmq local` driven as a subprocess: the example comes up, tasks flow, a
+schedule fires, workers scale up and back down; SIGINT/SIGTERM drain and a restart
+continues; invalid manifests name the file and field."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import effectmq
+from tests.fixtures.redis import free_port, require_binary
+from tests.support.processes import ROOT
+
+
+class Local:
+    def __init__(self, tmp: Path, *args: str, port: int, data_dir: Path | None = None):
+        require_binary("redis-server", "install the Debian package redis-server")
+        self.port = port
+        self.out = tmp / f"local-{time.monotonic_ns()}.out"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "operator")])}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "effectmq", "local", *args, "--no-view", "--redis-port", str(port),
+             "--data-dir", str(data_dir or tmp / "data")],
+            cwd=ROOT, env=env, stdout=open(self.out, "wb"), stderr=subprocess.STDOUT)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def lines(self) -> list[str]:
+        return self.out.read_text(errors="replace").splitlines()
+
+    def wait_line(self, pattern: str, timeout: float = 60) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in reversed(self.lines()):
+                if m := re.search(pattern, line):
+                    return m
+            if self.proc.poll() is not None:
+                raise AssertionError(f"effectmq local exited {self.proc.returncode}:\n" + "\n".join(self.lines()[-30:]))
+            time.sleep(0.2)
+        raise AssertionError(f"no line matching {pattern!r} in {timeout}s:\n" + "\n".join(self.lines()[-30:]))
+
+    def stop(self, sig=signal.SIGINT, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+
+def workers(line_match: re.Match) -> int:
+    return int(line_match.group(1))
+
+
+def test_example_comes_up_scales_and_comes_down(tmp_path):
+    local = Local(tmp_path, "--burst", "400", port=free_port())
+    try:
+        # 400 tasks at 50 per replica: scale up in bounded steps, all complete.
+        local.wait_line(r"default/emails .*workers=([5-9]|\d\d)", timeout=60)
+        local.wait_line(r"completed=400 .*ticks=[1-9]", timeout=90)  # tasks flowed and the digest fired
+        # The queue is idle: after the 30 s stabilization window, workers go back down.
+        peak = max(int(m) for m in re.findall(r"workers=(\d+)", "\n".join(local.lines())))
+        m = local.wait_line(r"waiting=0 active=0 .*workers=([0-4])\b", timeout=90)
+        assert workers(m) < peak
+    finally:
+        assert local.stop() == 0
+    assert "stopped; state kept" in local.lines()[-1]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_stop_drains_and_restart_continues(tmp_path, sig):
+    manifest = yaml.safe_load((ROOT / "examples/k8s/queue.yaml").read_text())
+    manifest["spec"]["worker"]["terminationGracePeriodSeconds"] = 6  # drains for 1 s
+    manifest["spec"]["scaling"].update(minReplicas=1, pollIntervalSeconds=1)
+    (tmp_path / "queue.yaml").write_text(yaml.safe_dump(manifest))
+    port, data = free_port(), tmp_path / "data"
+    local = Local(tmp_path, str(tmp_path / "queue.yaml"), port=port, data_dir=data)
+    local.wait_line(r"workers=1", timeout=60)
+    q = effectmq.SyncTaskQueue("default/emails", url=local.url)
+    slow = q.offer("send_report", {"report": "slow", "seconds": 3}, task_id="slow").task_id
+    quick = [q.offer("send_email", {"to": f"u{i}@example.com"}).task_id for i in range(20)]
+    deadline = time.monotonic() + 30
+    while q.get(slow).state != "active" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    q.close()
+    assert local.stop(sig) == 0  # the slow attempt is released by the drain, not stalled
+
+    again = Local(tmp_path, str(tmp_path / "queue.yaml"), port=port, data_dir=data)
+    try:
+        again.wait_line(r"workers=1", timeout=60)
+        q = effectmq.SyncTaskQueue("default/emails", url=again.url)
+        assert q.wait(slow, timeout=60) == {"report": "slow", "tick": None}
+        assert all(q.get(t).state == "completed" for t in quick)
+        info = q.get(slow)
+        assert info.stalled_attempt_count == 0 and info.handler_failure_count == 0
+        q.close()
+    finally:
+        assert again.stop() == 0
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda q: q["spec"]["scaling"].update(minReplicas=30), r"queue\.yaml: Queue emails: spec\.scaling: "
+                                                            r"scaling\.minReplicas must be less than or equal"),
+    (lambda q: q["spec"].update(lockTimeoutSeconds=-5), r"spec\.lockTimeoutSeconds: must be >= 1, got -5"),
+    (lambda q: q["spec"]["retry"].update(backoff="Linear"), r"spec\.retry\.backoff: 'Linear' is not one of"),
+    (lambda q: q["spec"].update(scalling={}), r"spec\.scalling: unknown field"),
+    (lambda q: q["spec"].pop("redis"), r"spec\.redis: required"),
+])
+def test_invalid_manifests_name_file_and_field(tmp_path, mutate, expected):
+    manifest = yaml.safe_load((ROOT / "examples/k8s/queue.yaml").read_text())
+    manifest["spec"]["retry"] = {"backoff": "Exponential"}
+    mutate(manifest)
+    (tmp_path / "queue.yaml").write_text(yaml.safe_dump(manifest))
+    res = subprocess.run([sys.executable, "-m", "effectmq", "local", str(tmp_path / "queue.yaml"), "--no-view"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "operator")])})
+    assert res.returncode == 2, res.stderr
+    assert re.search(expected, res.stderr), res.stderr
+
+
+def test_schedule_pointing_at_a_missing_queue_is_rejected(tmp_path):
+    (tmp_path / "s.yaml").write_text((ROOT / "examples/k8s/schedule.yaml").read_text())
+    (tmp_path / "q.yaml").write_text((ROOT / "examples/k8s/queue.yaml").read_text().replace("name: emails", "name: other"))
+    res = subprocess.run([sys.executable, "-m", "effectmq", "local", str(tmp_path), "--no-view"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "operator")])})
+    assert res.returncode == 2
+    assert re.search(r"s\.yaml: Schedule nightly-report: spec\.queueRef\.name: no Queue 'emails'", res.stderr)
