@@ -170,9 +170,8 @@ class Lease:
             raise LeaseLost(self.task_id, "renew")
 
     async def complete(self, result: Any = None) -> None:
-        q = self.queue
-        argv = [self.task_id, self.token, codec.dumps(result, "result"), _retention_ms(q.retention_completed)]
-        if await q._call("complete", argv) == 0:
+        code = (await self.queue.complete_many([(self, codec.dumps(result, "result"))]))[0]
+        if code == 0:
             raise LeaseLost(self.task_id, "complete")
 
     async def fail(self, error: Any, *, retryable: bool | None = None, retry: Any = None,
@@ -397,6 +396,17 @@ class TaskQueue:
                 lease.confirmed_until = sent + granted
                 lease.lock_timeout = granted
         return owned
+
+    async def complete_many(self, settled: Sequence[tuple[Lease, str]]) -> list[int]:
+        """Complete many leases in one round trip; results already JSON-encoded.
+
+        Returns one code per lease: 1 completed, 2 already completed by that token
+        (a retried acknowledgement), 0 lease lost. Each token is checked on its own.
+        """
+        argv: list = [_retention_ms(self.retention_completed)]
+        for lease, result_json in settled:
+            argv += [lease.task_id, lease.token, result_json]
+        return [int(code) for code in await self._call("complete", argv)]
 
     def wake_signal(self) -> WakeSignal:
         return WakeSignal(self)

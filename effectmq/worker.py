@@ -20,7 +20,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping
 
-from . import heartbeat, metrics
+from . import codec, heartbeat, metrics
+from .acks import CompletionBatcher
 from .app import App, TaskDef
 from .errors import (
     DEFECT, TIMEOUT, CorruptValue, ErrorInfo, InvalidOption, LeaseLost, RedisUnavailable,
@@ -115,6 +116,7 @@ class Worker:
         self._slot_free = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="effectmq-handler")
         self._q = self.queue.name
+        self._completions = CompletionBatcher(self.queue)
         self.processed = 0
 
     # -- lifecycle ----------------------------------------------------------
@@ -270,7 +272,15 @@ class Worker:
             return await self._fail(lease, exc, definition)
         except Exception as exc:
             return await self._fail(lease, exc, definition)
-        return await self._settle(lease, "complete", lease.complete, result)
+        try:
+            encoded = codec.dumps(result, f"result of {lease.name!r}")
+        except ValueError as exc:  # a handler returning non-JSON is a defect of the handler
+            return await self._fail(lease, ErrorInfo(DEFECT, str(exc)), definition, retryable=False)
+        return await self._settle(lease, "complete", self._complete, lease, encoded)
+
+    async def _complete(self, lease: Lease, encoded: str) -> None:
+        if await self._completions.complete(lease, encoded) == 0:
+            raise LeaseLost(lease.task_id, "complete")
 
     async def _call(self, definition: TaskDef, payload: Any, lease: Lease) -> Any:
         args: tuple = ()

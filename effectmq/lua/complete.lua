@@ -1,18 +1,26 @@
---[[ complete: settle an owned task as completed with its result.
+--[[ complete: settle owned tasks as completed with their results (one or many per call).
 KEYS: the queue keys of lib.lua.
-ARGV[1] id  ARGV[2] token  ARGV[3] result (JSON)
-ARGV[4] retention_ms for completed records (meta retention_completed_ms wins; -1 = keep)
-Returns: 1 = completed, 2 = already completed by this token (retried ack), 0 = lease lost.
+ARGV[1] retention_ms for completed records (meta retention_completed_ms wins; -1 = keep)
+then triples: id, token, result (JSON)
+Returns: one code per task: 1 = completed, 2 = already completed by this token (a retried
+acknowledgement), 0 = lease lost (nothing changed).
 ]]
-local id, token = ARGV[1], ARGV[2]
 local now = now_ms()
-local key = owned(id, token, now)
-if not key then
-  if settled_by(id, token) and redis.call('HGET', task_key(id), 'state') == 'completed' then return 2 end
-  return 0
+local retention = meta_num('retention_completed_ms', ARGV[1])
+local out = {}
+for i = 2, #ARGV, 3 do
+  local id, token = ARGV[i], ARGV[i + 1]
+  local key = owned(id, token, now)
+  if key then
+    redis.call('ZREM', K_ACTIVE, id)
+    redis.call('HSET', key, 'result', ARGV[i + 2], 'last_token', token)
+    emit('completed', id)
+    settle(id, key, 'completed', K_COMPLETED, retention, now)
+    out[#out + 1] = 1
+  elseif settled_by(id, token) and redis.call('HGET', task_key(id), 'state') == 'completed' then
+    out[#out + 1] = 2
+  else
+    out[#out + 1] = 0
+  end
 end
-redis.call('ZREM', K_ACTIVE, id)
-redis.call('HSET', key, 'result', ARGV[3], 'last_token', token)
-emit('completed', id)
-settle(id, key, 'completed', K_COMPLETED, meta_num('retention_completed_ms', ARGV[4]), now)
-return 1
+return out

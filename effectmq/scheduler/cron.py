@@ -27,9 +27,9 @@ from .errors import InvalidSchedule
 
 DAY = 86_400
 EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
-# No valid expression is silent for longer than Feb 29 on a fixed day (8 years
-# around 2100); searching further means the expression never fires.
-SEARCH_DAYS = 9 * 366
+# The sparsest expressions fire decades apart (the 5th Tuesday of February: 2072,
+# then 2128); one that matches nothing within 60 years is treated as never firing.
+SEARCH_DAYS = 60 * 366
 
 MACROS = {
     "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
@@ -152,7 +152,7 @@ class CronExpression:
     # -- wall seconds ------------------------------------------------------------
 
     def next_at_or_after(self, w: int) -> int | None:
-        """The first matching wall second >= w (None if nothing within ~9 years)."""
+        """The first matching wall second >= w (None if nothing within 60 years)."""
         day, sod = divmod(w, DAY)
         limit = day + SEARCH_DAYS
         while day <= limit:
@@ -170,7 +170,7 @@ class CronExpression:
         return None
 
     def prev_at_or_before(self, w: int) -> int | None:
-        """The last matching wall second <= w (None if nothing within ~9 years)."""
+        """The last matching wall second <= w (None if nothing within 60 years)."""
         day, sod = divmod(w, DAY)
         limit = day - SEARCH_DAYS
         while day >= limit:
@@ -258,6 +258,9 @@ def parse_cron(expr: str) -> CronExpression:
         expanded, nth = croniter.expand(text, second_at_beginning=has_seconds)
     except Exception as exc:
         raise InvalidSchedule(f"cron {expr!r}: {exc}") from None
+    if nth and expanded[2] != ["*"]:
+        # croniter ignores the day-of-month here (or finds no date at all); refuse the ambiguity.
+        raise InvalidSchedule(f"cron {expr!r}: a day-of-month cannot be combined with an n#k day-of-week")
     seconds = _values(expanded[5], 0, 59) if has_seconds else [0]
     cron = CronExpression(
         text, has_seconds, seconds, _values(expanded[0], 0, 59), _values(expanded[1], 0, 23),

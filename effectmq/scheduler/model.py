@@ -91,6 +91,8 @@ class ScheduleSpec:
             raise InvalidSchedule(f"starting_deadline must be at least 1 second, got {self.starting_deadline!r}")
         if not _number(self.missed_after) or not 0 <= self.missed_after <= MAX_MISSED_AFTER:
             raise InvalidSchedule(f"missed_after must be 0-{MAX_MISSED_AFTER:.0f} seconds, got {self.missed_after!r}")
+        if self.delay is not None and (not _number(self.delay) or self.delay < 0):
+            raise InvalidSchedule(f"delay must be >= 0 seconds, got {self.delay!r}")
         if not isinstance(self.suspend, bool):
             raise InvalidSchedule(f"suspend must be true or false, got {self.suspend!r}")
         # The task name, payload (plain JSON) and task options are checked exactly as an offer checks them.
@@ -153,7 +155,7 @@ class ScheduleSpec:
         return codec.dumps(self.to_json(), f"schedule {self.id!r}")
 
 
-def _utc(ms: int | None) -> datetime | None:
+def utc_from_ms(ms: int | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, timezone.utc)
 
 

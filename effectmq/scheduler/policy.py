@@ -63,13 +63,13 @@ class Plan:
     backfilled: int = 0  # missed ticks offered under backfill
 
 
-def _latest_n(tl: Timeline, upto: int, floor: int, n: int) -> list[int]:
-    """Up to n latest ticks in (floor, upto], ascending."""
+def _latest_n(tl: Timeline, last: int | None, floor: int, n: int) -> list[int]:
+    """Up to n ticks in (floor, last], ascending, where `last` is a tick (or None)."""
     out: list[int] = []
-    t = tl.latest_at_or_before(upto)
+    t = last
     while t is not None and t > floor and len(out) < n:
         out.append(t)
-        t = tl.latest_at_or_before(t - 1)
+        t = tl.latest_at_or_before(t - 1) if t - 1 > floor else None
     out.reverse()
     return out
 
@@ -113,7 +113,7 @@ def plan(tl: Timeline, cursor_ms: int, now_ms: int, policy: MissedPolicy, *,
         missed = [PlannedTick(last, Span(tl.next_after(floor), last, n_missed))]
         coalesced = n_missed - 1
     elif n_missed:
-        kept = _latest_n(tl, missed_hi, floor, policy.max_backfill)
+        kept = _latest_n(tl, tl.latest_at_or_before(missed_hi), floor, policy.max_backfill)
         missed = [PlannedTick(t) for t in kept]
         backfilled = len(kept)
         skipped += n_missed - len(kept)

@@ -132,3 +132,16 @@ async def test_max_retries_ends_in_failed_with_the_declared_tag(make_queue):
     info = await q.get("r1")
     assert info.state == "failed" and info.error.tag == "PaymentDeclined"
     assert (info.handler_failure_count, info.stalled_attempt_count, info.attempt) == (3, 0, 3)
+
+
+async def test_batched_completion_checks_each_token(queue):
+    await queue.offer_many([("x", i, {"task_id": f"b{i}"}) for i in range(3)])
+    leases, _ = await queue.acquire_many(3)
+    await leases[1].release()
+    stale = leases[1]
+    fresh = await queue.acquire()
+    codes = await queue.complete_many([(leases[0], '"a"'), (stale, '"stale"'), (leases[2], '"c"')])
+    assert codes == [1, 0, 1]
+    assert await queue.complete_many([(leases[0], '"again"'), (fresh, '"b"')]) == [2, 1]
+    results = [(await queue.get(f"b{i}")).result for i in range(3)]
+    assert results == ["a", "b", "c"]

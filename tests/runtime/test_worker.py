@@ -258,3 +258,14 @@ async def test_worker_announces_its_load_and_leaves(queue):
             await asyncio.sleep(0.05)
         assert (await queue.workers())["pod-a"] == (1, 3)
     assert "pod-a" not in await queue.workers()
+
+
+async def test_non_json_result_is_a_defect_not_retried(queue):
+    async def returns_a_set(payload):
+        return {1, 2}
+
+    async with running(make_worker(queue, {"bad": returns_a_set})):
+        await queue.offer("bad", None, task_id="nj", max_retries=5)
+        info = await settled(queue, "nj")
+    assert info.state == "failed" and info.error.tag == effectmq.DEFECT
+    assert "result of 'bad' must be plain JSON" in info.error.message and info.attempt == 1

@@ -1,0 +1,48 @@
+"""Coalescing of completions: many finished attempts, one round trip.
+
+While one batch is on its way to Redis, completions that finish meanwhile wait
+for the next; an idle worker sends a lone completion at once, so batching adds
+no latency. Every lease's token is still checked on its own by the script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .queue import Lease, TaskQueue
+
+MAX_BATCH = 256
+
+
+class CompletionBatcher:
+    def __init__(self, queue: "TaskQueue"):
+        self.queue = queue
+        self._pending: list[tuple["Lease", str, asyncio.Future]] = []
+        self._flusher: asyncio.Task | None = None
+
+    async def complete(self, lease: "Lease", result_json: str) -> int:
+        """1 completed, 2 already completed by this token, 0 lease lost; raises
+        RedisUnavailable when the batch's outcome is unknown (safe to retry)."""
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((lease, result_json, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            try:
+                codes = await self.queue.complete_many([(lease, result) for lease, result, _ in batch])
+            except BaseException as exc:  # noqa: BLE001 - handed to every waiter
+                for _, _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for (_, _, future), code in zip(batch, codes):
+                if not future.done():
+                    future.set_result(code)

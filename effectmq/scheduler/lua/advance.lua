@@ -1,0 +1,56 @@
+--[[ advance: record the outcome of a pass, one compare-and-set per schedule.
+Called only after the ticks were offered, so a crash before it re-offers the same
+task ids (harmless); a scheduler whose view is stale changes nothing.
+KEYS: the scheduler keys of lib.lua.
+ARGV[1] JSON array of outcomes, one object per schedule (times are strings of ms):
+  id, version   the schedule and the definition version the decision used
+  expect        the cursor the decision started from
+  cursor        the new cursor (the latest tick decided on)
+  score         next due-zset score; absent: the expression never fires again
+  last_tick, task   the last tick offered and its task id (absent: none offered)
+  materialized, skipped, coalesced, backfilled   counter increments (absent: 0)
+  error         present: the schedule could not run; recorded as last_error, the
+                cursor is left alone and `score` is when to try again
+Returns: one integer per outcome:
+  1 = applied, 0 = schedule gone, -1 = definition changed meanwhile,
+  -2 = cursor moved (another scheduler won), -3 = new cursor is after Redis time
+]]
+local now = now_ms()
+local results = {}
+for i, o in ipairs(cjson.decode(ARGV[1])) do
+  local key = schedule_key(o.id)
+  local cur = redis.call('HMGET', key, 'version', 'cursor', 'last_error')
+  local result = 1
+  if not cur[1] then
+    result = 0
+  elseif cur[1] ~= o.version then
+    result = -1
+  elseif o.error then
+    redis.call('HSET', key, 'last_error', o.error, 'last_error_at', now)
+    redis.call('ZADD', K_DUE, o.score, o.id)
+  elseif cur[2] ~= o.expect then
+    result = -2
+  elseif tonumber(o.cursor) > now then
+    result = -3
+  else
+    local fields = {'cursor', o.cursor, 'updated_at', now}
+    if o.last_tick then
+      fields[#fields + 1] = 'last_tick'; fields[#fields + 1] = o.last_tick
+      fields[#fields + 1] = 'last_task_id'; fields[#fields + 1] = o.task
+    end
+    if o.score then
+      fields[#fields + 1] = 'next_tick'; fields[#fields + 1] = o.score
+      redis.call('ZADD', K_DUE, o.score, o.id)
+    else
+      redis.call('HDEL', key, 'next_tick')
+      redis.call('ZREM', K_DUE, o.id) -- the expression never fires again
+    end
+    redis.call('HSET', key, unpack(fields))
+    if cur[3] then redis.call('HDEL', key, 'last_error', 'last_error_at') end
+    for _, counter in ipairs({'materialized', 'skipped', 'coalesced', 'backfilled'}) do
+      if o[counter] and o[counter] ~= 0 then redis.call('HINCRBY', key, counter, o[counter]) end
+    end
+  end
+  results[i] = result
+end
+return results

@@ -1,0 +1,24 @@
+--[[ due: the schedules whose next fire time has come, by Redis time.
+KEYS: the scheduler keys of lib.lua.
+ARGV[1] batch: at most this many schedules
+Returns: {now, next, id1, spec1, version1, cursor1, id2, ...}
+  now  = Redis time (ms) the caller must decide with
+  next = the earliest fire time after now (ms), -1 if none
+Costs O(log n + batch): schedules that are not due are never read.
+]]
+local now = now_ms()
+local ids = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+local upcoming = redis.call('ZRANGEBYSCORE', K_DUE, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+local out = {now, upcoming[2] or -1}
+for _, id in ipairs(ids) do
+  local row = redis.call('HMGET', schedule_key(id), 'spec', 'version', 'cursor')
+  if row[1] then
+    out[#out + 1] = id
+    out[#out + 1] = row[1]
+    out[#out + 1] = row[2]
+    out[#out + 1] = row[3]
+  else
+    redis.call('ZREM', K_DUE, id) -- its hash is gone: nothing to schedule
+  end
+end
+return out

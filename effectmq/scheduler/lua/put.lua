@@ -1,0 +1,30 @@
+--[[ put: create or replace a schedule's definition.
+KEYS: the scheduler keys of lib.lua.
+ARGV[1] id  ARGV[2] spec (JSON)  ARGV[3] timing ("cron|zone")  ARGV[4] suspend (1|0)
+A new schedule's cursor starts at now (earlier ticks are not due). When the timing
+changes, the cursor moves up to now, so the new cron does not replay the past.
+Otherwise the cursor stays: ticks missed while suspended go through the missed policy.
+Not suspended: due now (the caller computes the next fire time); suspended: not due.
+Returns: {version, cursor, now}
+]]
+local id = ARGV[1]
+local key = schedule_key(id)
+local now = now_ms()
+local old = redis.call('HMGET', key, 'cursor', 'timing')
+local cursor = tonumber(old[1])
+if not cursor then
+  cursor = now
+  redis.call('HSET', key, 'created_at', now, 'materialized', 0, 'skipped', 0, 'coalesced', 0, 'backfilled', 0)
+  redis.call('ZADD', K_INDEX, 0, id)
+elseif old[2] ~= ARGV[3] and cursor < now then
+  cursor = now
+end
+local version = redis.call('HINCRBY', key, 'version', 1)
+redis.call('HSET', key, 'spec', ARGV[2], 'timing', ARGV[3], 'cursor', cursor, 'suspended', ARGV[4], 'updated_at', now)
+if ARGV[4] == '1' then
+  redis.call('ZREM', K_DUE, id)
+  redis.call('HDEL', key, 'next_tick')
+else
+  redis.call('ZADD', K_DUE, 0, id)
+end
+return {version, cursor, now}

@@ -1,0 +1,333 @@
+"""The Scheduler: materializes due cron ticks as ordinary, idempotent queue tasks.
+
+One pass: read the due schedules and Redis time (`due.lua`), decide per schedule
+(`policy.plan`, pure), offer the ticks' tasks with deterministic ids (one
+`offer_many` per queue), then advance each cursor by compare-and-set
+(`advance.lua`). Any number of schedulers may run at once: offers are idempotent
+and only one cursor update per decision wins. A schedule that cannot run records
+its error and is retried later; it never holds up the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import redis.asyncio as aioredis
+
+from .. import codec
+from ..errors import EffectMQError, InvalidOption, RedisUnavailable
+from ..models import Offered
+from ..queue import DEFAULT_URL, TaskQueue
+from . import policy
+from .errors import InvalidSchedule
+from .model import Materialized, ScheduleSpec, ScheduleStatus, TickReport, utc_from_ms
+from .store import APPLIED, FUTURE, LOST, DueBatch, Outcome, Row, ScheduleStore
+
+log = logging.getLogger("effectmq.scheduler")
+
+# The engine's default dedup window (lib.lua `forget`), used when a queue sets none.
+DEFAULT_DEDUP_WINDOW = 604_800.0
+# A decision older than this (local monotonic clock) is dropped instead of offered,
+# so no offer ever reaches Redis long after the Redis time it was decided with.
+PLAN_MAX_AGE = 30.0
+SETTINGS_TTL = 10.0  # seconds a queue's dedup window is cached
+
+BeforeOffer = Callable[[str, list[str]], Awaitable[None]]
+AfterOffer = Callable[[str, list[Offered]], Awaitable[None]]
+
+
+class Scheduler:
+    """Schedules of one namespace and the passes that materialize their ticks.
+
+        scheduler = Scheduler("redis://localhost:6379/0", namespace="prod")
+        await scheduler.put(ScheduleSpec(id="reports/nightly", queue="reports",
+                                         cron="0 2 * * *", timezone="Europe/Berlin",
+                                         task="send_report", payload={"kind": "daily"}))
+        report = await scheduler.tick()     # or: await scheduler.run()
+        status = await scheduler.status("reports/nightly")
+
+    `before_offer` / `after_offer` are awaited around each offer batch (queue name
+    and task ids / offer results): hooks for observability and fault tests.
+    """
+
+    def __init__(self, redis: str | aioredis.Redis | None = None, *, namespace: str = "default",
+                 prefix: str = "emq", batch: int = 500, max_per_pass: int = 20_000,
+                 error_backoff: float = 30.0, before_offer: BeforeOffer | None = None,
+                 after_offer: AfterOffer | None = None):
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            raise InvalidOption(f"batch must be a positive integer, got {batch!r}")
+        self._owns_client = redis is None or isinstance(redis, str)
+        if self._owns_client:
+            self.url = redis or os.environ.get("EFFECTMQ_REDIS_URL") or DEFAULT_URL
+            redis = aioredis.Redis.from_url(self.url, decode_responses=True, socket_connect_timeout=5,
+                                            health_check_interval=30)
+        elif not redis.connection_pool.connection_kwargs.get("decode_responses"):
+            raise InvalidOption("pass a redis client created with decode_responses=True")
+        self.redis = redis
+        self.prefix = prefix
+        self.store = ScheduleStore(redis, namespace=namespace, prefix=prefix)
+        self.namespace = namespace
+        self.batch = batch
+        self.max_per_pass = max_per_pass
+        self.error_backoff = error_backoff
+        self.before_offer = before_offer
+        self.after_offer = after_offer
+        self._queues: dict[str, TaskQueue] = {}
+        self._specs: dict[str, tuple[str, str, ScheduleSpec | InvalidSchedule]] = {}
+        self._dedup: dict[str, tuple[float, float]] = {}  # queue -> (valid until, window seconds)
+
+    def __repr__(self) -> str:
+        return f"Scheduler(namespace={self.namespace!r})"
+
+    async def __aenter__(self) -> "Scheduler":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self.redis.aclose()
+
+    # -- definitions ---------------------------------------------------------------
+
+    async def put(self, spec: ScheduleSpec | dict) -> ScheduleStatus:
+        """Create or replace a schedule, then settle it at once (next tick, missed ticks)."""
+        if isinstance(spec, dict):
+            spec = ScheduleSpec.from_json(spec)
+        await self.store.put(spec)
+        if not spec.suspend:
+            batch = await self.store.rows([spec.id])
+            await self._pass(batch, TickReport(now=utc_from_ms(batch.now_ms)))
+        status = await self.status(spec.id)
+        assert status is not None
+        return status
+
+    async def remove(self, schedule_id: str) -> bool:
+        """Delete a schedule; its already materialized tasks stay. False if unknown."""
+        self._specs.pop(schedule_id, None)
+        return await self.store.remove(schedule_id)
+
+    async def status(self, schedule_id: str) -> ScheduleStatus | None:
+        return (await self.store.statuses([schedule_id]))[0]
+
+    async def list(self, *, after: str | None = None, limit: int = 1000) -> list[ScheduleStatus]:
+        """Statuses in id order, `limit` at a time (pass the last id as `after` to page)."""
+        ids = await self.store.ids(after=after, limit=limit)
+        return [s for s in await self.store.statuses(ids) if s is not None]
+
+    # -- passes --------------------------------------------------------------------
+
+    async def tick(self) -> TickReport:
+        """One pass: materialize every due tick (up to `max_per_pass` schedules)."""
+        report: TickReport | None = None
+        seen = 0
+        while True:
+            batch = await self.store.due(self.batch)
+            if report is None:
+                report = TickReport(now=utc_from_ms(batch.now_ms))
+            _earliest(report, batch.next_ms)
+            await self._pass(batch, report)
+            seen += len(batch.rows)
+            if len(batch.rows) < self.batch:
+                return report
+            if seen >= self.max_per_pass:
+                report.more = True
+                return report
+
+    async def run(self, *, interval: float = 1.0, stop: asyncio.Event | None = None,
+                  on_pass: Callable[[TickReport], Any] | None = None) -> None:
+        """Pass after pass until `stop` is set: wake at the next fire time, and at
+        least every `interval` seconds (to see schedules other processes put)."""
+        stop = stop or asyncio.Event()
+        failures = 0
+        while not stop.is_set():
+            started = time.monotonic()
+            wait = interval
+            try:
+                report = await self.tick()
+                failures = 0
+            except Exception as exc:  # a long-running scheduler outlives Redis outages and surprises
+                failures += 1
+                wait = min(interval * 2 ** failures, 30.0)
+                log.warning("scheduler pass failed (retrying in %.1fs): %s", wait, exc,
+                            exc_info=not isinstance(exc, RedisUnavailable))
+            else:
+                if on_pass is not None:
+                    on_pass(report)
+                if report.more:
+                    wait = 0.0
+                elif report.next_due is not None:
+                    until = (report.next_due - report.now).total_seconds() - (time.monotonic() - started)
+                    wait = min(interval, max(0.0, until + 0.002))
+            if wait > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), wait)
+
+    # -- one batch -----------------------------------------------------------------
+
+    async def _pass(self, batch: DueBatch, report: TickReport) -> None:
+        decided_at = time.monotonic()
+        now = batch.now_ms
+        report.examined += len(batch.rows)
+        outcomes: list[Outcome] = []
+        groups: dict[str, list[_Decision]] = defaultdict(list)
+        max_ages: dict[str, float] = {}
+        for row in batch.rows:
+            spec = self._spec(row)
+            if isinstance(spec, InvalidSchedule):
+                outcomes.append(self._failure(row, str(spec), now, report))
+                continue
+            if spec.suspend:  # suspended after this row was read: put() took it off the due set
+                continue
+            if spec.queue not in max_ages:
+                max_ages[spec.queue] = await self._max_age(spec.queue)
+            plan = policy.plan(spec.timeline, row.cursor_ms, now, spec.missed_policy, max_age=max_ages[spec.queue])
+            groups[spec.queue].append(_Decision(row, spec, plan, [spec.offer(t, now) for t in plan.ticks]))
+
+        # Queues are independent: their offers go out together, one round trip each.
+        answers = await asyncio.gather(*(self._offer(q, group, decided_at, report) for q, group in groups.items()))
+        for group, failed in zip(groups.values(), answers):
+            if failed is None:
+                report.more = True  # decided too long ago to offer: left due, decided again
+                continue
+            for d in group:
+                outcomes.append(self._failure(d.row, failed[d.row.id], now, report) if d.row.id in failed
+                                else d.outcome())
+
+        results = await self.store.advance(outcomes)
+        for outcome, result in zip(outcomes, results):
+            if result == LOST:
+                report.lost += 1
+            elif result == FUTURE:
+                log.warning("schedule %r: Redis time went backwards; cursor not advanced", outcome.id)
+            if result == APPLIED:
+                _earliest(report, outcome.score)
+
+    async def _offer(self, queue_name: str, group: list["_Decision"], decided_at: float,
+                     report: TickReport) -> dict[str, str] | None:
+        """Offer a queue's ticks in one round trip, isolating schedules whose offer is
+        refused. Returns schedule id -> error for those not offered, or None when the
+        decision got too old to offer."""
+        queue = self._queue(queue_name)
+        try:
+            self._record(queue_name, group, await self._offer_items(queue, group, decided_at), report)
+            return {}
+        except _StaleDecision:
+            return None
+        except RedisUnavailable as exc:
+            return {d.row.id: f"offer to queue {queue_name!r} failed: {exc}" for d in group}
+        except EffectMQError:
+            pass
+        failed: dict[str, str] = {}  # one bad schedule must not block the rest: one by one
+        for d in group:
+            try:
+                self._record(queue_name, [d], await self._offer_items(queue, [d], decided_at), report)
+            except _StaleDecision:
+                return None
+            except EffectMQError as exc:
+                failed[d.row.id] = f"offer to queue {queue_name!r} refused: {exc}"
+        return failed
+
+    async def _offer_items(self, queue: TaskQueue, group: list["_Decision"], decided_at: float) -> list[Offered]:
+        items = [item for d in group for item in d.items]
+        if not items:
+            return []
+        if self.before_offer is not None:
+            await self.before_offer(queue.name, [item["task_id"] for item in items])
+        if time.monotonic() - decided_at > PLAN_MAX_AGE:
+            raise _StaleDecision()
+        offered = await queue.offer_many(items)
+        if self.after_offer is not None:
+            await self.after_offer(queue.name, offered)
+        return offered
+
+    @staticmethod
+    def _record(queue: str, group: list["_Decision"], offered: list[Offered], report: TickReport) -> None:
+        ticks = [tick for d in group for tick in d.plan.ticks]
+        specs = [d.spec.id for d in group for _tick in d.plan.ticks]
+        for schedule_id, tick, result in zip(specs, ticks, offered):
+            report.materialized.append(
+                Materialized(schedule_id, queue, result.task_id, utc_from_ms(tick.at * 1000), result.created))
+
+    def _failure(self, row: Row, message: str, now: int, report: TickReport) -> Outcome:
+        report.errors[row.id] = message
+        log.warning("schedule %r: %s", row.id, message)
+        retry_at = now + round(self.error_backoff * 1000)
+        _earliest(report, retry_at)
+        return Outcome(row.id, row.version, row.cursor_ms, row.cursor_ms, retry_at, error=message)
+
+    # -- caches ----------------------------------------------------------------------
+
+    def _spec(self, row: Row) -> ScheduleSpec | InvalidSchedule:
+        """The row's definition, parsed once per version; a broken one as its error."""
+        cached = self._specs.get(row.id)
+        if cached is not None and cached[0] == row.version and cached[1] == row.spec:
+            return cached[2]
+        try:
+            spec: ScheduleSpec | InvalidSchedule = ScheduleSpec.from_json(codec.loads(row.spec, "schedule definition"))
+        except InvalidSchedule as exc:
+            spec = exc
+        except Exception as exc:  # corrupt JSON or a definition this version cannot read
+            spec = InvalidSchedule(f"schedule {row.id!r}: stored definition unusable: {exc}")
+        if len(self._specs) > 200_000:
+            self._specs.clear()
+        self._specs[row.id] = (row.version, row.spec, spec)
+        return spec
+
+    def _queue(self, name: str) -> TaskQueue:
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = self._queues[name] = TaskQueue(name, redis=self.redis, prefix=self.prefix)
+        return queue
+
+    async def _max_age(self, queue_name: str) -> float:
+        """How old a tick may be and still be offered: the queue's dedup window, less
+        the time a decision may take to reach Redis, so a finished tick's id is
+        always still reserved when it is offered again."""
+        cached = self._dedup.get(queue_name)
+        if cached is None or cached[0] < time.monotonic():
+            stored = (await self._queue(queue_name).settings()).get("dedup_window")
+            window = stored if stored else DEFAULT_DEDUP_WINDOW
+            self._dedup[queue_name] = cached = (time.monotonic() + SETTINGS_TTL, window)
+        window = cached[1]
+        return max(window - 2 * PLAN_MAX_AGE, window / 2)
+
+
+class _StaleDecision(Exception):
+    """A decision older than PLAN_MAX_AGE: it must not be offered any more."""
+
+
+@dataclass
+class _Decision:
+    """One due schedule in a pass: what was decided and the offers that carry it out."""
+
+    row: Row
+    spec: ScheduleSpec
+    plan: policy.Plan
+    items: list[dict]  # TaskQueue.offer_many items, one per planned tick
+
+    def outcome(self) -> Outcome:
+        plan = self.plan
+        return Outcome(
+            self.row.id, self.row.version, self.row.cursor_ms, plan.cursor_ms, plan.next_fire_ms,
+            last_tick=plan.ticks[-1].at * 1000 if plan.ticks else None,
+            task=self.items[-1]["task_id"] if self.items else "",
+            materialized=len(plan.ticks), skipped=plan.skipped, coalesced=plan.coalesced,
+            backfilled=plan.backfilled,
+        )
+
+
+def _earliest(report: TickReport, ms: int | None) -> None:
+    if ms is None:
+        return
+    at = utc_from_ms(ms)
+    if report.next_due is None or at < report.next_due:
+        report.next_due = at

@@ -1,0 +1,184 @@
+"""Schedules in Redis: key layout, the scheduler's Lua scripts, and reading status.
+
+Every key shares the hash tag ``{<prefix>-sched:<namespace>}`` (one slot on Redis
+Cluster); the layout is documented in ``lua/lib.lua``. Schedules are found through
+a zset ordered by next fire time, so a pass reads only the due ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, NamedTuple, Sequence
+
+import redis.asyncio as aioredis
+import redis.exceptions as redis_errors
+
+from .. import codec
+from ..errors import RedisUnavailable
+from ..keys import check_queue_name
+from .errors import InvalidSchedule
+from .model import ScheduleSpec, ScheduleStatus, utc_from_ms
+
+OPERATIONS = ("put", "remove", "due", "advance")
+TRANSPORT_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError)
+
+
+@cache
+def source(operation: str) -> str:
+    lua = resources.files(__package__) / "lua"
+    return (lua / "lib.lua").read_text() + "\n" + (lua / f"{operation}.lua").read_text()
+
+
+class Row(NamedTuple):
+    """A due schedule as stored: its definition (raw JSON), version and cursor."""
+
+    id: str
+    spec: str
+    version: str
+    cursor_ms: int
+
+
+class DueBatch(NamedTuple):
+    now_ms: int
+    next_ms: int | None  # earliest fire time after now among schedules not returned
+    rows: list[Row]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one pass decided for one schedule (an entry of `advance.lua`)."""
+
+    id: str
+    version: str
+    expect: int  # the cursor the decision started from
+    cursor: int  # the new cursor
+    score: int | None  # next fire time (or, with an error, when to retry); None: never again
+    last_tick: int | None = None
+    task: str = ""  # the last tick's task id
+    materialized: int = 0
+    skipped: int = 0
+    coalesced: int = 0
+    backfilled: int = 0
+    error: str = ""
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"id": self.id, "version": self.version, "expect": str(self.expect),
+                               "cursor": str(self.cursor)}
+        if self.score is not None:
+            out["score"] = str(self.score)
+        if self.last_tick is not None:
+            out["last_tick"], out["task"] = str(self.last_tick), self.task
+        for counter in ("materialized", "skipped", "coalesced", "backfilled"):
+            if getattr(self, counter):
+                out[counter] = getattr(self, counter)
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+# advance.lua's answers
+APPLIED, GONE, CHANGED, LOST, FUTURE = 1, 0, -1, -2, -3
+
+
+class ScheduleStore:
+    """The schedules of one namespace, on one Redis client (decode_responses=True)."""
+
+    def __init__(self, client: aioredis.Redis, *, namespace: str = "default", prefix: str = "emq"):
+        try:
+            check_queue_name(namespace)
+        except Exception:
+            raise InvalidSchedule(f"invalid scheduler namespace {namespace!r}: letters, digits and . _ : / -") from None
+        self.client = client
+        self.namespace = namespace
+        self.base = f"{{{prefix}-sched:{namespace}}}:"
+        self.keys = [self.base, self.base + "due", self.base + "index"]
+        self._scripts = {op: client.register_script(source(op)) for op in OPERATIONS}
+
+    def key(self, schedule_id: str) -> str:
+        return self.base + "s:" + schedule_id
+
+    async def _call(self, operation: str, argv: Sequence) -> Any:
+        try:
+            return await self._scripts[operation](keys=self.keys, args=list(argv))
+        except TRANSPORT_ERRORS as exc:
+            raise RedisUnavailable(f"Redis unavailable (scheduler namespace {self.namespace!r}): {exc}") from exc
+
+    async def _read(self, coro) -> Any:
+        try:
+            return await coro
+        except TRANSPORT_ERRORS as exc:
+            raise RedisUnavailable(f"Redis unavailable (scheduler namespace {self.namespace!r}): {exc}") from exc
+
+    # -- writes ----------------------------------------------------------------
+
+    async def put(self, spec: ScheduleSpec) -> tuple[str, int, int]:
+        """Store a definition; returns (version, cursor ms, Redis now ms)."""
+        version, cursor, now = await self._call("put", [spec.id, spec.dumps(), spec.timing, int(spec.suspend)])
+        return str(version), int(cursor), int(now)
+
+    async def remove(self, schedule_id: str) -> bool:
+        return bool(await self._call("remove", [schedule_id]))
+
+    async def advance(self, outcomes: Sequence[Outcome]) -> list[int]:
+        if not outcomes:
+            return []
+        encoded = codec.dumps([o.to_json() for o in outcomes], "scheduler outcomes")
+        return [int(r) for r in await self._call("advance", [encoded])]
+
+    # -- reads -----------------------------------------------------------------
+
+    async def due(self, batch: int) -> DueBatch:
+        reply = await self._call("due", [batch])
+        rows = [Row(reply[i], reply[i + 1], reply[i + 2], int(reply[i + 3]))
+                for i in range(2, len(reply), 4)]
+        upcoming = int(float(reply[1]))
+        return DueBatch(int(reply[0]), None if upcoming < 0 else upcoming, rows)
+
+    async def rows(self, ids: Sequence[str]) -> DueBatch:
+        """Chosen schedules, read atomically with Redis time (as `due` would return them)."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.time()
+            for schedule_id in ids:
+                pipe.hmget(self.key(schedule_id), "spec", "version", "cursor")
+            replies = await self._read(pipe.execute())
+        seconds, micros = replies[0]
+        rows = [Row(i, r[0], r[1], int(r[2])) for i, r in zip(ids, replies[1:]) if r[0] is not None]
+        return DueBatch(int(seconds) * 1000 + int(micros) // 1000, None, rows)
+
+    async def ids(self, *, after: str | None = None, limit: int = 1000) -> list[str]:
+        """Schedule ids in lexicographic order, `limit` at a time (page with `after`)."""
+        start = "-" if after is None else "(" + after
+        return await self._read(self.client.zrangebylex(self.keys[2], start, "+", 0, limit))
+
+    async def statuses(self, ids: Sequence[str]) -> list[ScheduleStatus | None]:
+        async with self.client.pipeline(transaction=False) as pipe:
+            for schedule_id in ids:
+                pipe.hgetall(self.key(schedule_id))
+            hashes = await self._read(pipe.execute())
+        return [parse_status(i, h) if h else None for i, h in zip(ids, hashes)]
+
+
+def _int(value: str | None) -> int | None:
+    return None if value in (None, "") else int(value)
+
+
+def parse_status(schedule_id: str, h: dict[str, str]) -> ScheduleStatus:
+    """A status from a schedule hash; an unreadable definition is reported, not raised."""
+    error = h.get("last_error") or None
+    try:
+        spec: ScheduleSpec | None = ScheduleSpec.from_json(codec.loads(h.get("spec"), "schedule definition"))
+    except Exception as exc:  # corrupt JSON, or a definition this version cannot run
+        spec = None
+        error = error or f"stored definition unusable: {exc}"
+    suspended = h.get("suspended") == "1"
+    return ScheduleStatus(
+        id=schedule_id, spec=spec, suspended=suspended, cursor=utc_from_ms(_int(h.get("cursor"))),
+        last_tick=utc_from_ms(_int(h.get("last_tick"))), last_task_id=h.get("last_task_id") or None,
+        next_tick=None if suspended else utc_from_ms(_int(h.get("next_tick"))),
+        materialized=int(h.get("materialized", 0)), skipped=int(h.get("skipped", 0)),
+        coalesced=int(h.get("coalesced", 0)), backfilled=int(h.get("backfilled", 0)),
+        last_error=error, last_error_at=utc_from_ms(_int(h.get("last_error_at"))),
+        created_at=utc_from_ms(_int(h.get("created_at"))), updated_at=utc_from_ms(_int(h.get("updated_at"))),
+    )
