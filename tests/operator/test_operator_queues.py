@@ -130,6 +130,21 @@ def test_scaling_follows_the_backlog(kube_control_plane, kube_namespace, start_o
     assert "scale up to 10" in status["lastScaleReason"]
     assert any(r == "Scaled" and "scale up to 10" in m for _, r, m in events(plane, ns, "bulk"))
 
+    # Busy pods are protected on scale-in: the pod whose worker announces work in flight
+    # gets a higher deletion cost (pods exist, Pending: this control plane has no kubelet).
+    pods = wait_for(lambda: plane.kubectl_json("get", "pods", "-n", ns, "-l",
+                                               "app.kubernetes.io/instance=bulk")["items"], what="worker pods")
+    busy_pod = pods[0]["metadata"]["name"]
+    beat = asyncio.new_event_loop()
+    announcer = effectmq.TaskQueue(f"{ns}/bulk", url=redis_url)
+    beat.run_until_complete(announcer.worker_beat(busy_pod, 7, 16, ttl=60))
+    cost = lambda: (get(plane, ns, "pod", busy_pod)["metadata"].get("annotations") or {}).get(  # noqa: E731
+        "controller.kubernetes.io/pod-deletion-cost")
+    wait_for(lambda: cost() == "7", timeout=10, what="deletion cost of the busy pod")
+    beat.run_until_complete(announcer.worker_beat(busy_pod, -1, 16, ttl=60))
+    beat.run_until_complete(announcer.close())
+    beat.close()
+
     # Drain the queue, but keep 25 tasks leased by a worker process that announces them.
     leased = []
     async def drain():
