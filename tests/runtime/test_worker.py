@@ -269,3 +269,27 @@ async def test_non_json_result_is_a_defect_not_retried(queue):
         info = await settled(queue, "nj")
     assert info.state == "failed" and info.error.tag == effectmq.DEFECT
     assert "result of 'bad' must be plain JSON" in info.error.message and info.attempt == 1
+
+
+async def test_custom_retry_policy_on_the_handler(queue):
+    delays_asked = []
+
+    def policy(failures):
+        delays_asked.append(failures)
+        return 0.05 * failures
+
+    app = effectmq.App("q")
+    app.use_queue(queue)
+
+    @app.task(retry=policy, max_retries=2)
+    async def flaky(payload, ctx):
+        if ctx.attempt < 3:
+            raise effectmq.TaskError("not yet")
+        return ctx.attempt
+
+    async with running(make_worker(queue, app)):
+        offered = await app.offer("flaky", None)
+        assert await queue.wait(offered.task_id, timeout=10) == 3
+    assert delays_asked == [1, 2]
+    info = await queue.get(offered.task_id)
+    assert info.handler_failure_count == 2 and info.error.tag == "TaskError"
