@@ -89,3 +89,22 @@ def test_conditions_keep_transition_time_until_status_flips():
     by_type = {c["type"]: c for c in third["conditions"]}
     assert by_type["Ready"]["status"] == "False" and by_type["Ready"]["reason"] == "SecretNotFound"
     assert by_type["Ready"]["lastTransitionTime"] == "2026-01-02T00:00:00Z"
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ({"queueRef": {"name": "emails"}, "schedule": "0 2 * * *", "task": {"name": "send_report"}},
+     {"queue": "shop/emails", "cron": "0 2 * * *", "timezone": "UTC", "missed": "coalesce", "suspend": False,
+      "payload": None, "max_backfill": 10, "starting_deadline": None}),
+    ({"queueRef": {"name": "q"}, "schedule": "*/5 * * * * *", "timeZone": "Europe/Berlin",
+      "task": {"name": "t", "payload": {"a": 1}, "priority": 3, "maxRetries": 2, "delaySeconds": 5},
+      "missedTicks": "Backfill", "maxBackfill": 4, "startingDeadlineSeconds": 600, "suspend": True},
+     {"queue": "shop/q", "timezone": "Europe/Berlin", "payload": {"a": 1}, "priority": 3, "max_retries": 2,
+      "delay": 5, "missed": "backfill", "max_backfill": 4, "starting_deadline": 600, "suspend": True}),
+])
+def test_schedule_resource_to_scheduler_definition(spec, expected):
+    from effectmq.scheduler.model import ScheduleSpec
+
+    out = builders.schedule_spec("shop", "nightly", spec)
+    assert out["id"] == "shop/nightly"
+    assert {k: out[k] for k in expected} == expected
+    ScheduleSpec.from_json(out)  # the scheduler accepts it as is
