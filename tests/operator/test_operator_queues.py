@@ -106,7 +106,7 @@ def test_end_to_end_with_workers_run_from_the_deployment(kube_control_plane, kub
 
 def test_scaling_follows_the_backlog(kube_control_plane, kube_namespace, start_operator, redis_url):
     plane, ns = kube_control_plane, kube_namespace
-    start_operator()
+    operator = start_operator()
     apply(plane, ns, queue_manifest("bulk", redis_url, scaling={
         "minReplicas": 0, "maxReplicas": 20, "targetTasksPerReplica": 100, "activationTasks": 5,
         "pollIntervalSeconds": 1, "scaleDownStabilizationSeconds": 4, "cooldownSeconds": 6}))
@@ -129,6 +129,9 @@ def test_scaling_follows_the_backlog(kube_control_plane, kube_namespace, start_o
     assert status["backlog"]["waiting"] == 1000
     assert "scale up to 10" in status["lastScaleReason"]
     assert any(r == "Scaled" and "scale up to 10" in m for _, r, m in events(plane, ns, "bulk"))
+    metrics = operator.metrics()
+    assert f'effectmq_operator_desired_replicas{{queue="{ns}/bulk"}} 10.0' in metrics
+    assert f'effectmq_operator_scale_decisions_total{{direction="up",queue="{ns}/bulk"}}' in metrics
 
     # Busy pods are protected on scale-in: the pod whose worker announces work in flight
     # gets a higher deletion cost (pods exist, Pending: this control plane has no kubelet).

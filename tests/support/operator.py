@@ -32,6 +32,7 @@ class OperatorProcess:
     def __init__(self, plane, namespace: str, log_dir: Path, *, name: str = "operator",
                  kubeconfig: Path | None = None, lease: str | None = None, extra_env: dict | None = None):
         self.port = free_port()
+        self.metrics_port = free_port()
         self.log_path = log_dir / f"{name}.log"
         env = plane.env({
             "POD_NAMESPACE": namespace,
@@ -42,7 +43,7 @@ class OperatorProcess:
             **(extra_env or {}),
         })
         argv = [sys.executable, "-m", "effectmq_operator", "--namespace", namespace,
-                "--liveness", f"http://127.0.0.1:{self.port}/healthz", "--metrics-port", "0"]
+                "--liveness", f"http://127.0.0.1:{self.port}/healthz", "--metrics-port", str(self.metrics_port)]
         self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=open(self.log_path, "ab"),
                                      stderr=subprocess.STDOUT)
         wait_for(self.alive, timeout=60, what=f"operator liveness on port {self.port}\n{self.log()}")
@@ -58,6 +59,10 @@ class OperatorProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return r.read().decode()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
