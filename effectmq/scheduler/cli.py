@@ -166,7 +166,7 @@ async def cmd_run(args) -> int:
                          len(report.errors))
 
     async with _scheduler(args) as scheduler:
-        await scheduler.store.due(1)  # fail fast when Redis is unreachable
+        await scheduler.ping()  # fail fast when Redis is unreachable
         log.info("scheduler running (namespace %r, interval %.2fs)", args.namespace, args.interval)
         await serve(scheduler, interval=args.interval, on_pass=on_pass)
     log.info("scheduler stopped")

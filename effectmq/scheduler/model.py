@@ -58,6 +58,7 @@ class ScheduleSpec:
     missed_after: float = 60.0
     suspend: bool = False
     _timeline: Timeline = field(init=False, repr=False, compare=False)
+    _missed_policy: MissedPolicy = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not SCHEDULE_ID.match(self.id):
@@ -95,6 +96,8 @@ class ScheduleSpec:
             raise InvalidSchedule(f"delay must be >= 0 seconds, got {self.delay!r}")
         if not isinstance(self.suspend, bool):
             raise InvalidSchedule(f"suspend must be true or false, got {self.suspend!r}")
+        object.__setattr__(self, "_missed_policy",
+                           MissedPolicy(self.missed, self.max_backfill, self.starting_deadline, self.missed_after))
         # The task name, payload (plain JSON) and task options are checked exactly as an offer checks them.
         offer_argv(self.task, self.task_payload(PlannedTick(0)), task_id=self.task_id(0), **self._options(0, 0))
 
@@ -106,7 +109,7 @@ class ScheduleSpec:
 
     @property
     def missed_policy(self) -> MissedPolicy:
-        return MissedPolicy(self.missed, self.max_backfill, self.starting_deadline, self.missed_after)
+        return self._missed_policy
 
     @property
     def timing(self) -> str:
@@ -135,17 +138,16 @@ class ScheduleSpec:
     # -- JSON -------------------------------------------------------------------
 
     def to_json(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        return {name: getattr(self, name) for name in _FIELDS}
 
     @classmethod
     def from_json(cls, value: Any) -> "ScheduleSpec":
         """Build from a dict (stored spec, CLI, operator); unknown keys are an error."""
         if not isinstance(value, dict):
             raise InvalidSchedule(f"a schedule must be a JSON object, got {type(value).__name__}")
-        known = {f.name for f in fields(cls) if f.init}
-        unknown = sorted(set(value) - known)
+        unknown = sorted(set(value) - set(_FIELDS))
         if unknown:
-            raise InvalidSchedule(f"unknown schedule fields {unknown}; known: {', '.join(sorted(known))}")
+            raise InvalidSchedule(f"unknown schedule fields {unknown}; known: {', '.join(sorted(_FIELDS))}")
         missing = [k for k in ("id", "queue", "cron", "task") if k not in value]
         if missing:
             raise InvalidSchedule(f"schedule {value.get('id', '?')!r} lacks required fields {missing}")
@@ -153,6 +155,9 @@ class ScheduleSpec:
 
     def dumps(self) -> str:
         return codec.dumps(self.to_json(), f"schedule {self.id!r}")
+
+
+_FIELDS = tuple(f.name for f in fields(ScheduleSpec) if f.init)
 
 
 def utc_from_ms(ms: int | None) -> datetime | None:

@@ -38,6 +38,7 @@ DEFAULT_DEDUP_WINDOW = 604_800.0
 # so no offer ever reaches Redis long after the Redis time it was decided with.
 PLAN_MAX_AGE = 30.0
 SETTINGS_TTL = 10.0  # seconds a queue's dedup window is cached
+OFFER_CHUNK = 250  # schedules decided before their offers are sent (the next chunk overlaps)
 
 BeforeOffer = Callable[[str, list[str]], Awaitable[None]]
 AfterOffer = Callable[[str, list[Offered]], Awaitable[None]]
@@ -58,7 +59,7 @@ class Scheduler:
     """
 
     def __init__(self, redis: str | aioredis.Redis | None = None, *, namespace: str = "default",
-                 prefix: str = "emq", batch: int = 500, max_per_pass: int = 20_000,
+                 prefix: str = "emq", batch: int = 1000, max_per_pass: int = 20_000,
                  error_backoff: float = 30.0, before_offer: BeforeOffer | None = None,
                  after_offer: AfterOffer | None = None):
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
@@ -118,6 +119,14 @@ class Scheduler:
     async def status(self, schedule_id: str) -> ScheduleStatus | None:
         return (await self.store.statuses([schedule_id]))[0]
 
+    async def statuses(self, schedule_ids: list[str]) -> list[ScheduleStatus | None]:
+        """Several statuses in one round trip (None for unknown ids)."""
+        return await self.store.statuses(schedule_ids)
+
+    async def ping(self) -> None:
+        """Raise RedisUnavailable when Redis cannot be reached."""
+        await self.store.ping()
+
     async def list(self, *, after: str | None = None, limit: int = 1000) -> list[ScheduleStatus]:
         """Statuses in id order, `limit` at a time (pass the last id as `after` to page)."""
         ids = await self.store.ids(after=after, limit=limit)
@@ -174,32 +183,29 @@ class Scheduler:
     # -- one batch -----------------------------------------------------------------
 
     async def _pass(self, batch: DueBatch, report: TickReport) -> None:
+        """Decide, offer, then advance the cursors of one batch of due schedules."""
         decided_at = time.monotonic()
-        now = batch.now_ms
         report.examined += len(batch.rows)
-        outcomes: list[Outcome] = []
-        groups: dict[str, list[_Decision]] = defaultdict(list)
-        max_ages: dict[str, float] = {}
-        for row in batch.rows:
-            spec = self._spec(row)
-            if isinstance(spec, InvalidSchedule):
-                outcomes.append(self._failure(row, str(spec), now, report))
-                continue
-            if spec.suspend:  # suspended after this row was read: put() took it off the due set
-                continue
-            if spec.queue not in max_ages:
-                max_ages[spec.queue] = await self._max_age(spec.queue)
-            plan = policy.plan(spec.timeline, row.cursor_ms, now, spec.missed_policy, max_age=max_ages[spec.queue])
-            groups[spec.queue].append(_Decision(row, spec, plan, [spec.offer(t, now) for t in plan.ticks]))
+        decide = _Decider(self, batch.now_ms, report)
+        offers: list[tuple[list[_Decision], asyncio.Future]] = []
+        for start in range(0, len(batch.rows), OFFER_CHUNK):
+            groups = await decide(batch.rows[start:start + OFFER_CHUNK])
+            # One round trip per queue, sent while the next chunk is being decided.
+            offers += [(group, asyncio.ensure_future(self._offer(queue, group, decided_at, report)))
+                       for queue, group in groups.items()]
+            await asyncio.sleep(0)
 
-        # Queues are independent: their offers go out together, one round trip each.
-        answers = await asyncio.gather(*(self._offer(q, group, decided_at, report) for q, group in groups.items()))
-        for group, failed in zip(groups.values(), answers):
+        outcomes = decide.settled
+        answers = await asyncio.gather(*(sent for _group, sent in offers), return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer  # a bug or a hook's fault: no cursor moves; the offers were idempotent
+        for (group, _sent), failed in zip(offers, answers):
             if failed is None:
                 report.more = True  # decided too long ago to offer: left due, decided again
                 continue
             for d in group:
-                outcomes.append(self._failure(d.row, failed[d.row.id], now, report) if d.row.id in failed
+                outcomes.append(self._failure(d.row, failed[d.row.id], batch.now_ms, report) if d.row.id in failed
                                 else d.outcome())
 
         results = await self.store.advance(outcomes)
@@ -251,9 +257,8 @@ class Scheduler:
 
     @staticmethod
     def _record(queue: str, group: list["_Decision"], offered: list[Offered], report: TickReport) -> None:
-        ticks = [tick for d in group for tick in d.plan.ticks]
-        specs = [d.spec.id for d in group for _tick in d.plan.ticks]
-        for schedule_id, tick, result in zip(specs, ticks, offered):
+        planned = [(d.spec.id, tick) for d in group for tick in d.plan.ticks]
+        for (schedule_id, tick), result in zip(planned, offered):
             report.materialized.append(
                 Materialized(schedule_id, queue, result.task_id, utc_from_ms(tick.at * 1000), result.created))
 
@@ -299,6 +304,43 @@ class Scheduler:
             self._dedup[queue_name] = cached = (time.monotonic() + SETTINGS_TTL, window)
         window = cached[1]
         return max(window - 2 * PLAN_MAX_AGE, window / 2)
+
+
+class _Decider:
+    """Turns due rows into decisions, grouped by queue, within one pass (same Redis time)."""
+
+    def __init__(self, scheduler: Scheduler, now_ms: int, report: TickReport):
+        self.scheduler = scheduler
+        self.now = now_ms
+        self.report = report
+        self.settled: list[Outcome] = []  # outcomes decided without an offer
+        self._max_ages: dict[str, float] = {}
+        # Schedules with the same cron, zone and policy usually share their cursor (the
+        # last tick they all fired at): the decision is made once for all of them.
+        self._plans: dict[tuple, policy.Plan] = {}
+
+    async def __call__(self, rows: list[Row]) -> dict[str, list["_Decision"]]:
+        groups: dict[str, list[_Decision]] = defaultdict(list)
+        for row in rows:
+            spec = self.scheduler._spec(row)
+            if row.cursor_ms is None and not isinstance(spec, InvalidSchedule):
+                spec = InvalidSchedule(f"schedule {row.id!r}: stored cursor is not a number of milliseconds")
+            if isinstance(spec, InvalidSchedule):
+                self.settled.append(self.scheduler._failure(row, str(spec), self.now, self.report))
+                continue
+            if spec.suspend:  # a suspended schedule has no business in the due set
+                self.settled.append(Outcome(row.id, row.version, row.cursor_ms, row.cursor_ms, None))
+                continue
+            max_age = self._max_ages.get(spec.queue)
+            if max_age is None:
+                max_age = self._max_ages[spec.queue] = await self.scheduler._max_age(spec.queue)
+            key = (spec.timeline, spec.missed_policy, row.cursor_ms, max_age)
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._plans[key] = policy.plan(spec.timeline, row.cursor_ms, self.now, spec.missed_policy,
+                                                      max_age=max_age)
+            groups[spec.queue].append(_Decision(row, spec, plan, [spec.offer(t, self.now) for t in plan.ticks]))
+        return groups
 
 
 class _StaleDecision(Exception):

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 
 from .. import codec
-from ..errors import RedisUnavailable
+from ..errors import InvalidOption, RedisUnavailable
 from ..keys import check_queue_name
 from .errors import InvalidSchedule
 from .model import ScheduleSpec, ScheduleStatus, utc_from_ms
@@ -37,7 +37,7 @@ class Row(NamedTuple):
     id: str
     spec: str
     version: str
-    cursor_ms: int
+    cursor_ms: int | None  # None: the stored cursor is not a number (reported, never used)
 
 
 class DueBatch(NamedTuple):
@@ -52,8 +52,8 @@ class Outcome:
 
     id: str
     version: str
-    expect: int  # the cursor the decision started from
-    cursor: int  # the new cursor
+    expect: int | None  # the cursor the decision started from
+    cursor: int | None  # the new cursor
     score: int | None  # next fire time (or, with an error, when to retry); None: never again
     last_tick: int | None = None
     task: str = ""  # the last tick's task id
@@ -64,8 +64,9 @@ class Outcome:
     error: str = ""
 
     def to_json(self) -> dict:
-        out: dict[str, Any] = {"id": self.id, "version": self.version, "expect": str(self.expect),
-                               "cursor": str(self.cursor)}
+        out: dict[str, Any] = {"id": self.id, "version": self.version,
+                               "expect": "" if self.expect is None else str(self.expect),
+                               "cursor": "" if self.cursor is None else str(self.cursor)}
         if self.score is not None:
             out["score"] = str(self.score)
         if self.last_tick is not None:
@@ -88,7 +89,7 @@ class ScheduleStore:
     def __init__(self, client: aioredis.Redis, *, namespace: str = "default", prefix: str = "emq"):
         try:
             check_queue_name(namespace)
-        except Exception:
+        except InvalidOption:
             raise InvalidSchedule(f"invalid scheduler namespace {namespace!r}: letters, digits and . _ : / -") from None
         self.client = client
         self.namespace = namespace
@@ -131,8 +132,7 @@ class ScheduleStore:
 
     async def due(self, batch: int) -> DueBatch:
         reply = await self._call("due", [batch])
-        rows = [Row(reply[i], reply[i + 1], reply[i + 2], int(reply[i + 3]))
-                for i in range(2, len(reply), 4)]
+        rows = [Row(reply[i], reply[i + 1], reply[i + 2], _int(reply[i + 3])) for i in range(2, len(reply), 4)]
         upcoming = int(float(reply[1]))
         return DueBatch(int(reply[0]), None if upcoming < 0 else upcoming, rows)
 
@@ -144,8 +144,11 @@ class ScheduleStore:
                 pipe.hmget(self.key(schedule_id), "spec", "version", "cursor")
             replies = await self._read(pipe.execute())
         seconds, micros = replies[0]
-        rows = [Row(i, r[0], r[1], int(r[2])) for i, r in zip(ids, replies[1:]) if r[0] is not None]
+        rows = [Row(i, r[0], r[1] or "", _int(r[2])) for i, r in zip(ids, replies[1:]) if r[0] is not None]
         return DueBatch(int(seconds) * 1000 + int(micros) // 1000, None, rows)
+
+    async def ping(self) -> None:
+        await self._read(self.client.ping())
 
     async def ids(self, *, after: str | None = None, limit: int = 1000) -> list[str]:
         """Schedule ids in lexicographic order, `limit` at a time (page with `after`)."""
@@ -161,7 +164,11 @@ class ScheduleStore:
 
 
 def _int(value: str | None) -> int | None:
-    return None if value in (None, "") else int(value)
+    """A stored integer, or None when absent or not a number (corrupt values are reported)."""
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
 
 
 def parse_status(schedule_id: str, h: dict[str, str]) -> ScheduleStatus:
@@ -177,8 +184,8 @@ def parse_status(schedule_id: str, h: dict[str, str]) -> ScheduleStatus:
         id=schedule_id, spec=spec, suspended=suspended, cursor=utc_from_ms(_int(h.get("cursor"))),
         last_tick=utc_from_ms(_int(h.get("last_tick"))), last_task_id=h.get("last_task_id") or None,
         next_tick=None if suspended else utc_from_ms(_int(h.get("next_tick"))),
-        materialized=int(h.get("materialized", 0)), skipped=int(h.get("skipped", 0)),
-        coalesced=int(h.get("coalesced", 0)), backfilled=int(h.get("backfilled", 0)),
+        materialized=_int(h.get("materialized")) or 0, skipped=_int(h.get("skipped")) or 0,
+        coalesced=_int(h.get("coalesced")) or 0, backfilled=_int(h.get("backfilled")) or 0,
         last_error=error, last_error_at=utc_from_ms(_int(h.get("last_error_at"))),
         created_at=utc_from_ms(_int(h.get("created_at"))), updated_at=utc_from_ms(_int(h.get("updated_at"))),
     )

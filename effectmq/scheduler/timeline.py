@@ -158,6 +158,7 @@ def timeline(cron: str, zone: str = "UTC") -> Timeline:
     return Timeline(parse_cron(cron), load_zone(zone))
 
 
+@lru_cache(maxsize=8192)
 def iso(t: int) -> str:
     """An instant as UTC ISO 8601 with seconds, e.g. 2024-03-31T01:00:00Z."""
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -13,7 +13,8 @@ ARGV[1] JSON array of outcomes, one object per schedule (times are strings of ms
                 cursor is left alone and `score` is when to try again
 Returns: one integer per outcome:
   1 = applied, 0 = schedule gone, -1 = definition changed meanwhile,
-  -2 = cursor moved (another scheduler won), -3 = new cursor is after Redis time
+  -2 = cursor moved (another scheduler won), -3 = new cursor is after Redis time (the
+  clock went back; the schedule is due again once Redis time reaches that cursor)
 ]]
 local now = now_ms()
 local results = {}
@@ -31,6 +32,7 @@ for i, o in ipairs(cjson.decode(ARGV[1])) do
   elseif cur[2] ~= o.expect then
     result = -2
   elseif tonumber(o.cursor) > now then
+    redis.call('ZADD', K_DUE, o.cursor, o.id)
     result = -3
   else
     local fields = {'cursor', o.cursor, 'updated_at', now}

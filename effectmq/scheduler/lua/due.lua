@@ -4,14 +4,21 @@ ARGV[1] batch: at most this many schedules
 Returns: {now, next, id1, spec1, version1, cursor1, id2, ...}
   now  = Redis time (ms) the caller must decide with
   next = the earliest fire time after now (ms), -1 if none
-Costs O(log n + batch): schedules that are not due are never read.
+Costs O(log n + batch): schedules that are not due are never read. A hash written
+without version or cursor (by hand) gets version 1 and a cursor of now.
 ]]
 local now = now_ms()
 local ids = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 local upcoming = redis.call('ZRANGEBYSCORE', K_DUE, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
 local out = {now, upcoming[2] or -1}
 for _, id in ipairs(ids) do
-  local row = redis.call('HMGET', schedule_key(id), 'spec', 'version', 'cursor')
+  local key = schedule_key(id)
+  local row = redis.call('HMGET', key, 'spec', 'version', 'cursor')
+  if row[1] and not (row[2] and row[3]) then
+    redis.call('HSETNX', key, 'version', 1)
+    redis.call('HSETNX', key, 'cursor', now)
+    row = redis.call('HMGET', key, 'spec', 'version', 'cursor')
+  end
   if row[1] then
     out[#out + 1] = id
     out[#out + 1] = row[1]
