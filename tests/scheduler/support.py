@@ -1,0 +1,109 @@
+"""Helpers for scheduler tests: instants, rewinding a cursor, scheduler subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from effectmq.scheduler import Scheduler
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def T(text: str) -> int:
+    """An instant (seconds) from ISO 8601; a trailing Z or an offset is required."""
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
+
+
+def Z(t: int) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def redis_now_ms(scheduler: Scheduler) -> int:
+    seconds, micros = await scheduler.redis.time()
+    return seconds * 1000 + micros // 1000
+
+
+async def rewind(scheduler: Scheduler, schedule_id: str, seconds: float) -> int:
+    """Simulate downtime: the cursor goes `seconds` back from Redis time and the
+    schedule becomes due (the layout of lua/lib.lua). Returns the new cursor (ms)."""
+    cursor = await redis_now_ms(scheduler) - round(seconds * 1000)
+    await scheduler.redis.hset(scheduler.store.key(schedule_id), "cursor", cursor)
+    await scheduler.redis.zadd(scheduler.store.keys[1], {schedule_id: 0})
+    return cursor
+
+
+def _env(redis_url: str, extra: dict | None = None) -> dict:
+    return {**os.environ, "EFFECTMQ_REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **(extra or {})}
+
+
+def cli(redis_url: str, *args: str, env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
+    """Run `python -m effectmq scheduler ...` to completion."""
+    return subprocess.run([sys.executable, "-m", "effectmq", "scheduler", *args], cwd=ROOT, env=_env(redis_url, env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def cli_json(redis_url: str, *args: str, env: dict | None = None):
+    done = cli(redis_url, *args, "--json", env=env)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr}"
+    return json.loads(done.stdout)
+
+
+class SchedulerProcess:
+    """`effectmq scheduler run --json` (or the fault runner) as a real subprocess."""
+
+    def __init__(self, redis_url: str, namespace: str, tmp: Path, *, name: str, fault: str | None = None,
+                 interval: float = 0.5):
+        self.name = name
+        self.output = tmp / f"{name}.out"
+        self.offers = tmp / f"{name}.offers.jsonl"
+        if fault is None:
+            cmd = [sys.executable, "-m", "effectmq", "scheduler", "run", "--json", "--namespace", namespace,
+                   "--interval", str(interval)]
+        else:
+            cmd = [sys.executable, "-m", "tests.scheduler.runner", "--url", redis_url, "--namespace", namespace,
+                   "--fault", fault, "--log", str(self.offers), "--interval", str(interval)]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(redis_url), stdout=open(self.output, "ab"),
+                                     stderr=subprocess.STDOUT)
+
+    def text(self) -> str:
+        return self.output.read_text(errors="replace")
+
+    def reports(self) -> list[dict]:
+        """The JSON pass reports `run --json` printed."""
+        return [json.loads(line) for line in self.text().splitlines() if line.startswith("{")]
+
+    def offer_log(self) -> list[dict]:
+        if not self.offers.exists():
+            return []
+        return [json.loads(line) for line in self.offers.read_text().splitlines() if line.strip()]
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self, sig: int | None = None, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig) if sig is not None else self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"{self.name} did not stop within {timeout}s:\n{self.text()[-3000:]}")
+        return self.proc.returncode
+
+
+def wait_until(predicate, timeout: float, what: str, poll: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
