@@ -64,6 +64,7 @@ class Outcome:
     error: str = ""
 
     def to_json(self) -> dict:
+        """The entry as advance.lua reads it: absent fields mean none / zero."""
         out: dict[str, Any] = {"id": self.id, "version": self.version,
                                "expect": "" if self.expect is None else str(self.expect),
                                "cursor": "" if self.cursor is None else str(self.cursor)}
@@ -71,9 +72,14 @@ class Outcome:
             out["score"] = str(self.score)
         if self.last_tick is not None:
             out["last_tick"], out["task"] = str(self.last_tick), self.task
-        for counter in ("materialized", "skipped", "coalesced", "backfilled"):
-            if getattr(self, counter):
-                out[counter] = getattr(self, counter)
+        if self.materialized:
+            out["materialized"] = self.materialized
+        if self.skipped:
+            out["skipped"] = self.skipped
+        if self.coalesced:
+            out["coalesced"] = self.coalesced
+        if self.backfilled:
+            out["backfilled"] = self.backfilled
         if self.error:
             out["error"] = self.error
         return out
