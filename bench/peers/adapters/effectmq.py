@@ -1,0 +1,63 @@
+"""EffectMQ from this checkout: `python -m effectmq worker`, leases, heartbeats and fencing on (defaults).
+
+Results off = the queue setting retention_completed=0 (a completed task's record is
+dropped at once). Everything else is the default (lock timeout 30 s, events stream
+of 10,000, maintenance every 5 s).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import effectmq
+
+from bench.peers import probe
+from bench.peers.adapters.base import Adapter as Base, Settings
+
+S = Settings.from_env()
+app = effectmq.App(S.queue, url=S.url)
+
+
+@app.task
+async def noop(payload):
+    probe.hit(payload["i"])
+
+
+class Adapter(Base):
+    distributions = ("effectmq", "redis", "hiredis")
+    notes = "retention_completed=0 (results off); leases, heartbeats, fencing, maintenance at defaults"
+
+    def __init__(self, settings: Settings):
+        super().__init__(settings)
+        self.q = effectmq.TaskQueue(settings.queue, url=settings.url, max_connections=256)
+
+    def worker_command(self, slot: int) -> list[str]:
+        return [sys.executable, "-m", "effectmq", "worker", "bench.peers.adapters.effectmq:app",
+                "--queue", self.s.queue, "--url", self.s.url, "--concurrency", str(self.s.concurrency),
+                "--log-level", "WARNING"]
+
+    async def setup(self) -> None:
+        await self.q.configure(retention_completed=0)
+
+    async def prefill(self, numbers: range) -> None:
+        batch = []
+        for i in numbers:
+            batch.append(("noop", {"i": i}))
+            if len(batch) == 500:
+                await self.q.offer_many(batch)
+                batch = []
+        if batch:
+            await self.q.offer_many(batch)
+
+    async def offer(self, i: int) -> None:
+        await self.q.offer("noop", {"i": i})
+
+    async def drained(self) -> bool:
+        stats = await self.q.stats()
+        return stats.waiting == 0 and stats.active == 0 and stats.delayed == 0
+
+    async def close(self) -> None:
+        await self.q.close()
+
+    def options_summary(self) -> dict:
+        return {"concurrency": self.s.concurrency, "retention_completed": 0, "lock_timeout": 30}

@@ -1,0 +1,99 @@
+"""A minimal synchronous Redis client (stdlib only) for the harness's own calls.
+
+The harness runs inside every library's virtualenv, each with its own redis-py
+version (or none), so its INFO/FLUSHALL/SCRIPT calls go through this instead.
+"""
+
+from __future__ import annotations
+
+import socket
+from urllib.parse import urlparse
+
+
+class RedisError(Exception):
+    pass
+
+
+class Resp:
+    def __init__(self, url: str, timeout: float = 30.0):
+        parsed = urlparse(url)
+        self.sock = socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 6379), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.file = self.sock.makefile("rb")
+        db = (parsed.path or "/0").strip("/") or "0"
+        if db != "0":
+            self.call("SELECT", db)
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+    def __enter__(self) -> "Resp":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def call(self, *args):
+        parts = [f"*{len(args)}\r\n".encode()]
+        for arg in args:
+            data = arg if isinstance(arg, bytes) else str(arg).encode()
+            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        self.sock.sendall(b"".join(parts))
+        return self._read()
+
+    def _read(self):
+        line = self.file.readline()
+        if not line:
+            raise RedisError("connection closed")
+        kind, rest = line[:1], line[1:-2]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            raise RedisError(rest.decode())
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            data = self.file.read(n + 2)[:-2]
+            return data.decode(errors="replace")
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self._read() for _ in range(n)]
+        raise RedisError(f"unexpected reply {line!r}")
+
+    def info(self, section: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for line in self.call("INFO", section).splitlines():
+            if line and not line.startswith("#") and ":" in line:
+                key, _, value = line.partition(":")
+                out[key] = value
+        return out
+
+
+def command_calls(client: Resp) -> dict[str, int]:
+    """Calls per command since the server started (commands run by scripts included)."""
+    out = {}
+    for key, value in client.info("commandstats").items():
+        fields = dict(item.split("=", 1) for item in value.split(","))
+        out[key.removeprefix("cmdstat_")] = int(fields["calls"])
+    return out
+
+
+def cpu_seconds(client: Resp) -> float:
+    """Redis server CPU (user + system, all threads) since it started."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def snapshot(client: Resp) -> dict:
+    return {"calls": command_calls(client), "cpu": cpu_seconds(client)}
+
+
+def delta(before: dict, after: dict) -> dict:
+    """Commands and CPU between two snapshots; INFO itself (the harness's) is left out."""
+    calls = {k: after["calls"].get(k, 0) - before["calls"].get(k, 0) for k in after["calls"]}
+    calls = {k: v for k, v in calls.items() if v and k != "info"}
+    return {"calls": dict(sorted(calls.items(), key=lambda kv: -kv[1])), "cpu": after["cpu"] - before["cpu"]}

@@ -1,0 +1,391 @@
+"""One library's workload, run by `run.py` inside that library's virtualenv.
+
+    python -m bench.peers.scenario --adapter taskiq --url redis://127.0.0.1:PORT/0 --out result.json
+
+Throughput: flush Redis, prefill N no-op jobs, start the worker processes (the
+library's own entry point, one per slot, `concurrency` in flight each), wait until
+every job's handler ran and the queue reports nothing waiting or in progress (all
+acked), stop the workers. The handlers' probe records give the rate and prove that
+every job ran (duplicates and missing jobs are counted). INFO commandstats and
+INFO cpu deltas from just before the workers start until the queue is drained give
+Redis commands and Redis CPU per job.
+
+Latency (offer -> handler start), with fresh workers on an empty queue: an idle
+queue (one offer at a time, each after the previous one started, plus a gap), then
+open-loop load at each rate (offers at fixed times regardless of completion;
+latency counts from the scheduled time, so a producer or queue that falls behind
+shows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import importlib
+import importlib.metadata
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from bench.peers import probe, resp
+from bench.peers.adapters.base import ROOT, Settings
+
+WARMUP_BASE = 10_000_000  # job numbers of the latency phases start here
+MS = 1e6  # ns per ms
+
+
+def percentile(sorted_values: list, p: float) -> float | None:
+    if not sorted_values:
+        return None
+    k = min(len(sorted_values) - 1, max(0, round(p / 100 * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+class Workers:
+    """The worker processes of one phase, each in its own process group."""
+
+    def __init__(self, adapter, env: dict, count: int, logdir: Path, label: str):
+        self.adapter, self.env, self.count, self.logdir, self.label = adapter, env, count, logdir, label
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
+
+    def start(self) -> None:
+        for slot in range(self.count):
+            log = self.logdir / f"{self.label}-w{slot}.log"
+            self.logs.append(log)
+            with open(log, "wb") as out:
+                self.procs.append(subprocess.Popen(
+                    self.adapter.worker_command(slot), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, env=dict(self.env, BENCH_WORKER_ID=str(slot)),
+                    start_new_session=True))
+
+    def dead(self) -> list[str]:
+        out = []
+        for proc, log in zip(self.procs, self.logs):
+            if proc.poll() is not None:
+                tail = log.read_text(errors="replace")[-1500:]
+                out.append(f"worker {proc.args[:3]} exited with {proc.returncode}: {tail}")
+        return out
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM each worker's process group, SIGKILL what is left after `grace`."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in self.procs:  # the group too: pools and forked children
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
+async def wait_for_count(directory: Path, target: int, timeout: float, poll: float = 0.0005) -> bool:
+    deadline = time.monotonic() + timeout
+    while probe.count(directory) < target:
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(poll)
+    return True
+
+
+async def wait_drained(adapter, timeout: float) -> float | None:
+    """Seconds until the library reports nothing waiting or in progress (None: timed out)."""
+    start = time.monotonic()
+    while not await adapter.drained():
+        if time.monotonic() - start > timeout:
+            return None
+        await asyncio.sleep(0.01)
+    return time.monotonic() - start
+
+
+def check_runs(records: list, expected: set[int]) -> dict:
+    counts = collections.Counter(r[0] for r in records)
+    seen = set(counts)
+    return {
+        "handler_runs": len(records),
+        "unique": len(seen & expected),
+        "missing": len(expected - seen),
+        "duplicates": sum(c - 1 for c in counts.values() if c > 1),
+        "unexpected": len(seen - expected),
+    }
+
+
+def rates(records: list, launched_ns: int) -> dict:
+    """Jobs/s measured three ways from the handler start times.
+
+    steady: from the moment every worker slot has started handling to the last
+    handler (the rate with all processes running); from_first: from the first
+    handler to the last; with_boot: from launching the worker processes."""
+    starts = sorted(r[1] for r in records)
+    first_per_slot: dict[int, int] = {}
+    per_slot: collections.Counter = collections.Counter()
+    for job, t, slot, _pid in records:
+        per_slot[slot] += 1
+        if slot not in first_per_slot or t < first_per_slot[slot]:
+            first_per_slot[slot] = t
+    first, last = starts[0], starts[-1]
+    all_running = max(first_per_slot.values())
+    in_window = sum(1 for t in starts if t > all_running)
+    steady = in_window / ((last - all_running) / 1e9) if last > all_running and in_window >= 100 else None
+    from_first = (len(starts) - 1) / ((last - first) / 1e9) if last > first else None
+    return {
+        "jobs_per_s": steady if steady is not None else from_first,
+        "jobs_per_s_steady": steady,
+        "jobs_per_s_from_first": from_first,
+        "jobs_per_s_with_boot": len(starts) / ((last - launched_ns) / 1e9),
+        "boot_s": (first - launched_ns) / 1e9,
+        "all_slots_running_after_s": (all_running - first) / 1e9,
+        "duration_s": (last - first) / 1e9,
+        "jobs_per_slot": dict(sorted(per_slot.items())),
+    }
+
+
+async def throughput(adapter, args, client: resp.Resp, env: dict, probedir: Path, logdir: Path) -> dict:
+    client.call("FLUSHALL")
+    probe.clear(probedir)
+    await adapter.setup()
+    t = time.monotonic()
+    snap = resp.snapshot(client)
+    await adapter.prefill(range(args.jobs))
+    prefill = resp.delta(snap, resp.snapshot(client))
+    out: dict = {"jobs": args.jobs, "prefill_s": time.monotonic() - t,
+                 "prefill_commands_per_job": sum(prefill["calls"].values()) / args.jobs}
+    workers = Workers(adapter, env, args.processes, logdir, "throughput")
+    before = resp.snapshot(client)
+    launched = time.monotonic_ns()
+    workers.start()
+    try:
+        deadline = time.monotonic() + args.timeout
+        last_count, last_change = 0, time.monotonic()
+        while (n := probe.count(probedir)) < args.jobs:
+            now = time.monotonic()
+            if n != last_count:
+                last_count, last_change = n, now
+            if dead := workers.dead():
+                raise RuntimeError("; ".join(dead))
+            if now > deadline or now - last_change > args.stall:
+                raise RuntimeError(f"only {n} of {args.jobs} handlers ran (timeout or no progress for {args.stall}s)")
+            await asyncio.sleep(0.01)
+        drained = await wait_drained(adapter, 30.0)
+        after = resp.snapshot(client)
+        if drained is None:
+            out["error"] = "the queue did not report drained (all acked) within 30 s after the last handler"
+    finally:
+        workers.stop()
+    records = probe.records(probedir)
+    out.update(check_runs(records, set(range(args.jobs))))
+    out.update(rates(records, launched))
+    d = resp.delta(before, after)
+    total = sum(d["calls"].values())
+    out.update({
+        "drained_after_last_handler_s": drained,
+        "redis_commands_per_job": total / args.jobs,
+        "redis_round_trips_per_job": None,  # not observable server-side for every library
+        "redis_cpu_ms_per_job": d["cpu"] * 1000 / args.jobs,
+        "redis_cpu_s": d["cpu"],
+        "redis_commands_top": dict(list(d["calls"].items())[:12]),
+        "evalsha_per_job": (d["calls"].get("evalsha", 0) + d["calls"].get("eval", 0)) / args.jobs,
+    })
+    return out
+
+
+def summarize_latency(latencies_ns: list[int], offered: int, elapsed: float | None = None) -> dict:
+    values = sorted(v / MS for v in latencies_ns)
+    return {
+        "offered": offered, "started": len(values),
+        "p50_ms": percentile(values, 50), "p90_ms": percentile(values, 90), "p99_ms": percentile(values, 99),
+        "max_ms": values[-1] if values else None,
+        "offer_rate_achieved": offered / elapsed if elapsed else None,
+    }
+
+
+async def latency(adapter, args, client: resp.Resp, env: dict, probedir: Path, logdir: Path) -> dict:
+    client.call("FLUSHALL")
+    probe.clear(probedir)
+    await adapter.setup()
+    workers = Workers(adapter, env, args.processes, logdir, "latency")
+    workers.start()
+    out: dict = {}
+    offered_at: dict[int, int] = {}
+    next_i = WARMUP_BASE
+    done = 0  # handler starts expected so far
+
+    def phase_latencies(ids: range) -> list[int]:
+        starts = {}
+        for job, t, _slot, _pid in probe.records(probedir):
+            if job in ids and job not in starts:
+                starts[job] = t
+        return [starts[i] - offered_at[i] for i in ids if i in starts]
+
+    try:
+        # Warm-up: every process imported, connected and idle-waiting.
+        for _ in range(args.warmup):
+            await adapter.offer(next_i)
+            next_i += 1
+            done += 1
+            if not await wait_for_count(probedir, done, 10.0):
+                raise RuntimeError(f"warm-up job not started within 10 s; {workers.dead()}")
+        await asyncio.sleep(0.5)
+
+        # Idle: one offer at a time, the next one after the previous started plus a gap.
+        ids_start, t_end = next_i, time.monotonic() + args.idle_time
+        for _ in range(args.idle_offers):
+            if time.monotonic() > t_end:
+                break
+            offered_at[next_i] = time.monotonic_ns()
+            await adapter.offer(next_i)
+            next_i += 1
+            done += 1
+            await wait_for_count(probedir, done, 5.0)
+            await asyncio.sleep(args.idle_gap)
+        out["idle"] = summarize_latency(phase_latencies(range(ids_start, next_i)), next_i - ids_start)
+        out["idle"]["gap_ms"] = args.idle_gap * 1000
+
+        for rate in args.rates:
+            if dead := workers.dead():
+                raise RuntimeError("; ".join(dead))
+            n = int(rate * args.load_seconds)
+            ids = range(next_i, next_i + n)
+            next_i += n
+            pending: set[asyncio.Task] = set()
+            errors = 0
+            error_kinds: collections.Counter = collections.Counter()
+            lag_ns: list[int] = []
+
+            slots = asyncio.Semaphore(args.producer_inflight)
+            blocked = 0
+
+            async def send(i: int, intended: int) -> None:
+                nonlocal errors
+                lag_ns.append(time.monotonic_ns() - intended)
+                try:
+                    await adapter.offer(i)
+                except Exception as exc:
+                    errors += 1
+                    error_kinds[f"{type(exc).__name__}: {str(exc)[:120]}"] += 1
+                finally:
+                    slots.release()
+
+            t0 = time.monotonic_ns() + 50_000_000
+            for k, i in enumerate(ids):
+                intended = t0 + k * 1_000_000_000 // rate
+                offered_at[i] = intended
+                delay = (intended - time.monotonic_ns()) / 1e9
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if slots.locked():  # as many offers in flight as a producer may have: it falls behind
+                    blocked += 1
+                await slots.acquire()
+                task = asyncio.create_task(send(i, intended))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+            if pending:
+                await asyncio.wait(pending)
+            offered_s = (time.monotonic_ns() - t0) / 1e9
+            done += n
+            finished = await wait_for_count(probedir, done, args.load_drain)
+            result = summarize_latency(phase_latencies(ids), n, offered_s)
+            lag = sorted(v / MS for v in lag_ns)
+            result.update({"rate": rate, "seconds": args.load_seconds, "offer_errors": errors,
+                           "offer_error_kinds": dict(error_kinds.most_common(3)),
+                           "producer_lag_p99_ms": percentile(lag, 99), "producer_blocked": blocked,
+                           "all_started": finished})
+            out[f"open_{rate}"] = result
+            if not finished:  # saturated: drop the backlog so the next phase starts clean
+                out[f"open_{rate}"]["note"] = f"not all started within {args.load_drain}s after the last offer"
+                break
+            await wait_drained(adapter, 10.0)
+            await asyncio.sleep(0.5)
+    finally:
+        workers.stop()
+    measured = set(offered_at)
+    runs = check_runs([r for r in probe.records(probedir) if r[0] in measured], measured)
+    out["duplicates"] = runs["duplicates"]
+    return out
+
+
+def versions(adapter) -> dict:
+    out = {}
+    for dist in adapter.distributions:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description="one library's workload (see run.py)")
+    parser.add_argument("--adapter", required=True)
+    parser.add_argument("--options", default="{}", help="the variant's settings (JSON)")
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--queue", default="bench")
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--timeout", type=float, default=600.0, help="throughput phase limit (s)")
+    parser.add_argument("--stall", type=float, default=30.0, help="give up after this long without progress (s)")
+    parser.add_argument("--latency", action="store_true")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--idle-offers", type=int, default=200)
+    parser.add_argument("--idle-gap", type=float, default=0.01)
+    parser.add_argument("--idle-time", type=float, default=20.0)
+    parser.add_argument("--rates", type=int, nargs="*", default=[500, 2000])
+    parser.add_argument("--load-seconds", type=float, default=4.0)
+    parser.add_argument("--load-drain", type=float, default=15.0)
+    parser.add_argument("--producer-inflight", type=int, default=64,
+                        help="offers one open-loop producer keeps in flight at most (its connection budget)")
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    probedir = args.workdir / "probe"
+    probedir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, BENCH_URL=args.url, BENCH_QUEUE=args.queue, BENCH_CONCURRENCY=str(args.concurrency),
+               BENCH_OPTIONS=args.options, BENCH_PROBE_DIR=str(probedir),
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    os.environ.update({k: env[k] for k in ("BENCH_URL", "BENCH_QUEUE", "BENCH_CONCURRENCY", "BENCH_OPTIONS",
+                                           "BENCH_PROBE_DIR")})
+    module = importlib.import_module(f"bench.peers.adapters.{args.adapter}")
+    adapter = module.Adapter(Settings.from_env())
+    result: dict = {"adapter": args.adapter, "versions": versions(adapter), "settings": adapter.options_summary(),
+                    "python": sys.version.split()[0], "processes": args.processes, "concurrency": args.concurrency}
+    client = resp.Resp(args.url)
+    try:
+        try:
+            result["throughput"] = await throughput(adapter, args, client, env, probedir, args.workdir)
+        except Exception as exc:
+            result["throughput"] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
+        if args.latency:
+            try:
+                result["latency"] = await latency(adapter, args, client, env, probedir, args.workdir)
+            except Exception as exc:
+                result["latency"] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
+    finally:
+        try:
+            await adapter.close()
+        except Exception:
+            pass
+        client.call("FLUSHALL")
+        client.close()
+    args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
