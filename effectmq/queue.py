@@ -28,6 +28,8 @@ from .models import MaintenanceReport, Offered, QueueStats, TaskInfo
 from .scripts import TRANSPORT_ERRORS, ScriptRunner
 
 DEFAULT_URL = "redis://localhost:6379/0"
+# How long an explicit task id stays reserved after its record expired (lib.lua `forget`).
+DEFAULT_DEDUP_WINDOW = 604_800.0
 MAX_PRIORITY = 1000
 MAX_ID_LENGTH = 512
 # Settings a queue keeps in Redis so that producers, workers and the operator agree.

@@ -82,7 +82,7 @@ end
 -- Drop a task record; an explicit id stays reserved in the dedup index.
 local function forget(id, key, now)
   if redis.call('HGET', key, 'explicit_id') == '1' then
-    local window = meta_num('dedup_window_ms', 604800000)
+    local window = meta_num('dedup_window_ms', 604800000)  -- DEFAULT_DEDUP_WINDOW in queue.py
     redis.call('ZADD', K_DEDUP, now + window, id)
   end
   redis.call('DEL', key)

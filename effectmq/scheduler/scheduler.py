@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 from .. import codec
 from ..errors import EffectMQError, InvalidOption, RedisUnavailable
 from ..models import Offered
-from ..queue import DEFAULT_URL, TaskQueue
+from ..queue import DEFAULT_DEDUP_WINDOW, DEFAULT_URL, TaskQueue
 from . import policy
 from .errors import InvalidSchedule
 from .model import Materialized, ScheduleSpec, ScheduleStatus, TickReport, utc_from_ms
@@ -32,8 +32,6 @@ from .store import APPLIED, FUTURE, LOST, DueBatch, Outcome, Row, ScheduleStore
 
 log = logging.getLogger("effectmq.scheduler")
 
-# The engine's default dedup window (lib.lua `forget`), used when a queue sets none.
-DEFAULT_DEDUP_WINDOW = 604_800.0
 # A decision older than this (local monotonic clock) is dropped instead of offered,
 # so no offer ever reaches Redis long after the Redis time it was decided with.
 PLAN_MAX_AGE = 30.0

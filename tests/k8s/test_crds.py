@@ -117,10 +117,10 @@ def test_examples_apply_and_read_back_with_defaults(kube_control_plane, effectmq
         "minReplicas": 0,
         "maxReplicas": 20,
         "targetTasksPerReplica": 50,
-        "activationTasks": 1,
-        "pollIntervalSeconds": 10,
-        "scaleDownStabilizationSeconds": 300,
-        "cooldownSeconds": 300,
+        "activationTasks": 1,  # a default
+        "pollIntervalSeconds": 5,  # the rest as the example sets them
+        "scaleDownStabilizationSeconds": 30,
+        "cooldownSeconds": 60,
     }
 
     schedule = get(kube, ns, "schedule", "nightly-report")["spec"]
