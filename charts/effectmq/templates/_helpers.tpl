@@ -1,0 +1,75 @@
+{{/* Chart name, truncated to a DNS label. */}}
+{{- define "effectmq.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: the release name, prefixed with the chart name unless it contains it. */}}
+{{- define "effectmq.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "effectmq.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Recommended labels (app.kubernetes.io/*); pass a dict with "ctx" and "component". */}}
+{{- define "effectmq.labels" -}}
+helm.sh/chart: {{ include "effectmq.chart" .ctx }}
+{{ include "effectmq.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: effectmq
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+{{- end }}
+
+{{/* Selector labels: stable across upgrades (selectors are immutable). */}}
+{{- define "effectmq.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "effectmq.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "effectmq.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "effectmq.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "effectmq.leaseName" -}}
+{{- default (include "effectmq.fullname" .) .Values.leaderElection.leaseName }}
+{{- end }}
+
+{{/* Cluster-scoped objects carry the release namespace: two releases never collide. */}}
+{{- define "effectmq.clusterName" -}}
+{{- printf "%s-%s" (include "effectmq.fullname" .) .Release.Namespace }}
+{{- end }}
+
+{{- define "effectmq.redisName" -}}
+{{- printf "%s-redis" (include "effectmq.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* repository:tag or repository@digest; pass a dict with "image" and "default" (tag). */}}
+{{- define "effectmq.image" -}}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
+{{- else }}
+{{- printf "%s:%s" .image.repository (default .default .image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Checks that a JSON schema cannot express. */}}
+{{- define "effectmq.validate" -}}
+{{- if eq (int .Values.metrics.port) (int .Values.liveness.port) }}
+{{- fail (printf "metrics.port and liveness.port must differ (both are %v)" .Values.metrics.port) }}
+{{- end }}
+{{- end }}
