@@ -213,7 +213,8 @@ def summarize(name: str, runs: list[dict]) -> dict:
     row: dict = {"variant": name, "runs": len(runs), "ok_runs": len(ok),
                  "versions": last.get("versions"), "settings": last.get("settings"), "about": last.get("about")}
     for key in ("jobs_per_s", "jobs_per_s_from_first", "jobs_per_s_with_boot", "redis_commands_per_job",
-                "redis_cpu_ms_per_job", "evalsha_per_job", "prefill_commands_per_job"):
+                "redis_cpu_ms_per_job", "worker_cpu_ms_per_job", "total_cpu_ms_per_job", "evalsha_per_job",
+                "prefill_commands_per_job"):
         row[key] = median_of(ok, key)
     row["duplicates"] = sum(tp(r, "duplicates") or 0 for r in ok)
     row["missing"] = sum(tp(r, "missing") or 0 for r in ok)
@@ -245,8 +246,8 @@ def latency_cell(lat: dict | None, key: str) -> str:
 
 
 def table(rows: list[dict], rates: list[int]) -> str:
-    head = (f"{'variant':<11} {'version':<9} {'jobs/s':>7} {'vs best':>7} {'cmds/job':>8} {'CPU us/job':>10} "
-            f"{'verified':>9} {'idle p50/p99':>12}")
+    head = (f"{'variant':<11} {'version':<9} {'jobs/s':>7} {'vs best':>7} {'cmds/job':>8} {'Redis us/job':>12} "
+            f"{'worker us/job':>13} {'verified':>9} {'idle p50/p99':>12}")
     head += "".join(f" {f'{r}/s p50/p99':>14}" for r in rates)
     lines = [head, "-" * len(head)]
     for row in rows:
@@ -256,7 +257,8 @@ def table(rows: list[dict], rates: list[int]) -> str:
             verified += f" +{row['duplicates']}dup"
         line = (f"{row['variant']:<11} {version:<9} {fmt(row['jobs_per_s'], ',.0f'):>7} "
                 f"{fmt(row.get('vs_best_peer'), '.2f'):>6}x {fmt(row['redis_commands_per_job'], '.1f'):>8} "
-                f"{fmt(row['redis_cpu_ms_per_job'] and row['redis_cpu_ms_per_job'] * 1000, '.0f'):>10} "
+                f"{fmt(row['redis_cpu_ms_per_job'] and row['redis_cpu_ms_per_job'] * 1000, '.0f'):>12} "
+                f"{fmt(row['worker_cpu_ms_per_job'] and row['worker_cpu_ms_per_job'] * 1000, '.0f'):>13} "
                 f"{verified:>9} {latency_cell(row['latency'], 'idle'):>12}")
         line += "".join(f" {latency_cell(row['latency'], f'open_{r}'):>14}" for r in rates)
         lines.append(line)
@@ -352,7 +354,8 @@ def main() -> int:
           f"{report['machine']['loadavg_at_end']} at end")
     print(table(rows, args.rates))
     print("jobs/s: with all worker processes running, to the last handler start. vs best: ratio to the best peer. "
-          "cmds/job, CPU us/job: Redis INFO commandstats / cpu deltas from worker start until all acked. "
+          "cmds/job, Redis us/job: Redis INFO commandstats / cpu deltas from worker start until all acked; "
+          "worker us/job: CPU of the worker process trees from the first handler until all acked. "
           "latency: offer -> handler start in ms (open loop from the scheduled offer time); * = the queue or "
           "producer fell behind or offers failed (see JSON).")
     c = report.get("ceiling") or {}

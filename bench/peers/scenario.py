@@ -47,8 +47,28 @@ def percentile(sorted_values: list, p: float) -> float | None:
     return sorted_values[k]
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def sessions_cpu(sessions: set[int]) -> float:
+    """CPU seconds (user + system, including reaped children such as RQ's forked
+    job processes) of every live process in these sessions."""
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) in sessions:  # field 6 of stat: the session id
+            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total / CLOCK_TICKS
+
+
 class Workers:
-    """The worker processes of one phase, each in its own process group."""
+    """The worker processes of one phase, each in its own process group (and session)."""
 
     def __init__(self, adapter, env: dict, count: int, logdir: Path, label: str):
         self.adapter, self.env, self.count, self.logdir, self.label = adapter, env, count, logdir, label
@@ -64,6 +84,9 @@ class Workers:
                     self.adapter.worker_command(slot), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, env=dict(self.env, BENCH_WORKER_ID=str(slot)),
                     start_new_session=True))
+
+    def cpu(self) -> float:
+        return sessions_cpu({p.pid for p in self.procs})
 
     def dead(self) -> list[str]:
         out = []
@@ -173,8 +196,11 @@ async def throughput(adapter, args, client: resp.Resp, env: dict, probedir: Path
     try:
         deadline = time.monotonic() + args.timeout
         last_count, last_change = 0, time.monotonic()
+        cpu_first = None  # worker CPU when the first handlers ran (boot and imports left out)
         while (n := probe.count(probedir)) < args.jobs:
             now = time.monotonic()
+            if cpu_first is None and n:
+                cpu_first = (n, workers.cpu())
             if n != last_count:
                 last_count, last_change = n, now
             if dead := workers.dead():
@@ -184,6 +210,7 @@ async def throughput(adapter, args, client: resp.Resp, env: dict, probedir: Path
             await asyncio.sleep(0.01)
         drained = await wait_drained(adapter, 30.0)
         after = resp.snapshot(client)
+        cpu_end = workers.cpu()
         if drained is None:
             out["error"] = "the queue did not report drained (all acked) within 30 s after the last handler"
     finally:
@@ -202,6 +229,10 @@ async def throughput(adapter, args, client: resp.Resp, env: dict, probedir: Path
         "redis_commands_top": dict(list(d["calls"].items())[:12]),
         "evalsha_per_job": (d["calls"].get("evalsha", 0) + d["calls"].get("eval", 0)) / args.jobs,
     })
+    if cpu_first is not None and args.jobs > cpu_first[0]:
+        worker_ms = (cpu_end - cpu_first[1]) * 1000 / (args.jobs - cpu_first[0])
+        out["worker_cpu_ms_per_job"] = worker_ms
+        out["total_cpu_ms_per_job"] = worker_ms + out["redis_cpu_ms_per_job"]
     return out
 
 
@@ -234,13 +265,15 @@ async def latency(adapter, args, client: resp.Resp, env: dict, probedir: Path, l
         return [starts[i] - offered_at[i] for i in ids if i in starts]
 
     try:
-        # Warm-up: every process imported, connected and idle-waiting.
-        for _ in range(args.warmup):
+        # Warm-up: every process imported, connected and idle-waiting. The first job
+        # waits for the workers to boot (20 RQ processes take a while on a busy machine).
+        for k in range(args.warmup):
             await adapter.offer(next_i)
             next_i += 1
             done += 1
-            if not await wait_for_count(probedir, done, 10.0):
-                raise RuntimeError(f"warm-up job not started within 10 s; {workers.dead()}")
+            limit = args.boot_timeout if k == 0 else 10.0
+            if not await wait_for_count(probedir, done, limit):
+                raise RuntimeError(f"warm-up job {k} not started within {limit} s; {workers.dead()}")
         await asyncio.sleep(0.5)
 
         # Idle: one offer at a time, the next one after the previous started plus a gap.
@@ -343,6 +376,7 @@ async def main() -> None:
     parser.add_argument("--stall", type=float, default=30.0, help="give up after this long without progress (s)")
     parser.add_argument("--latency", action="store_true")
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--boot-timeout", type=float, default=60.0, help="limit for the first warm-up job (s)")
     parser.add_argument("--idle-offers", type=int, default=200)
     parser.add_argument("--idle-gap", type=float, default=0.01)
     parser.add_argument("--idle-time", type=float, default=20.0)
