@@ -9,25 +9,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
 import secrets
 import time
 import uuid
 from typing import Any, AsyncIterator, Iterable, Sequence
 
 import redis.asyncio as aioredis
-import redis.exceptions as redis_errors
 
 from . import codec, models, retry as retry_policies
 from .errors import (
     CANCELED, DEFECT, STALLED, ErrorInfo, InvalidOption, LeaseLost, RedisUnavailable,
     TaskError, TaskFailed, TaskNotFound,
 )
+from .connection import connect
 from .keys import INDEXES, QueueKeys, check_queue_name
 from .models import MaintenanceReport, Offered, QueueStats, TaskInfo
 from .scripts import TRANSPORT_ERRORS, ScriptRunner
 
-DEFAULT_URL = "redis://localhost:6379/0"
 # How long an explicit task id stays reserved after its record expired (lib.lua `forget`).
 DEFAULT_DEDUP_WINDOW = 604_800.0
 MAX_PRIORITY = 1000
@@ -66,19 +64,6 @@ def _check_number(name: str, value: Any, *, minimum: float = 0, integer: bool = 
     if not math.isfinite(value) or value < minimum:
         raise InvalidOption(f"{name} must be >= {minimum}, got {value!r}")
     return value
-
-
-def tls_from_env(url: str) -> tuple[str, dict[str, Any]]:
-    """TLS settings the operator passes to worker pods (EFFECTMQ_REDIS_TLS, _CA_FILE, _TLS_INSECURE)."""
-    options: dict[str, Any] = {}
-    if os.environ.get("EFFECTMQ_REDIS_TLS", "").lower() == "true" and url.startswith("redis://"):
-        url = "rediss://" + url[len("redis://"):]
-    if url.startswith("rediss://"):
-        if os.environ.get("EFFECTMQ_REDIS_CA_FILE"):
-            options["ssl_ca_certs"] = os.environ["EFFECTMQ_REDIS_CA_FILE"]
-        if os.environ.get("EFFECTMQ_REDIS_TLS_INSECURE", "").lower() == "true":
-            options["ssl_cert_reqs"] = "none"
-    return url, options
 
 
 def offer_argv(task_name: str, payload: Any, *, task_id: str | None = None, delay: float | None = None,
@@ -271,18 +256,8 @@ class TaskQueue:
         _check_number("max_stalled_count", max_stalled_count, integer=True, allow_none=False)
         _check_number("promote_batch", promote_batch, minimum=1, integer=True, allow_none=False)
         self.keys = QueueKeys(prefix, self.name)
-        self.url = url or os.environ.get("EFFECTMQ_REDIS_URL") or DEFAULT_URL
-        self._owns_client = redis is None
-        if redis is None:
-            self.url, tls_options = tls_from_env(self.url)
-            redis = aioredis.Redis.from_url(
-                self.url, decode_responses=True, socket_connect_timeout=5, socket_timeout=socket_timeout,
-                health_check_interval=30,
-                max_connections=max_connections, **tls_options,
-            )
-        elif not redis.connection_pool.connection_kwargs.get("decode_responses"):
-            raise InvalidOption("pass a redis client created with decode_responses=True")
-        self.redis = redis
+        self.redis, self._owns_client, self.url = connect(redis, url, max_connections=max_connections,
+                                                          socket_timeout=socket_timeout)
         self.lock_timeout = float(lock_timeout)
         self.max_retries = max_retries
         self.max_stalled_count = max_stalled_count
@@ -307,8 +282,7 @@ class TaskQueue:
             await self.redis.aclose()
 
     def _unavailable(self, exc: Exception) -> RedisUnavailable:
-        where = self.url if self._owns_client else "the given client"
-        return RedisUnavailable(f"Redis unavailable at {where} (queue {self.name!r}): {exc}")
+        return RedisUnavailable(f"Redis unavailable at {self.url} (queue {self.name!r}): {exc}")
 
     async def _call(self, operation: str, argv: list) -> Any:
         try:

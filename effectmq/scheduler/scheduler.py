@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -24,7 +23,8 @@ import redis.asyncio as aioredis
 from .. import codec
 from ..errors import EffectMQError, InvalidOption, RedisUnavailable
 from ..models import Offered
-from ..queue import DEFAULT_DEDUP_WINDOW, DEFAULT_URL, TaskQueue
+from ..connection import connect
+from ..queue import DEFAULT_DEDUP_WINDOW, TaskQueue
 from . import policy
 from .errors import InvalidSchedule
 from .model import Materialized, ScheduleSpec, ScheduleStatus, TickReport, utc_from_ms
@@ -62,13 +62,10 @@ class Scheduler:
                  after_offer: AfterOffer | None = None):
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise InvalidOption(f"batch must be a positive integer, got {batch!r}")
-        self._owns_client = redis is None or isinstance(redis, str)
-        if self._owns_client:
-            self.url = redis or os.environ.get("EFFECTMQ_REDIS_URL") or DEFAULT_URL
-            redis = aioredis.Redis.from_url(self.url, decode_responses=True, socket_connect_timeout=5,
-                                            health_check_interval=30)
-        elif not redis.connection_pool.connection_kwargs.get("decode_responses"):
-            raise InvalidOption("pass a redis client created with decode_responses=True")
+        if isinstance(redis, str):
+            redis, self._owns_client, self.url = connect(url=redis)
+        else:
+            redis, self._owns_client, self.url = connect(redis)
         self.redis = redis
         self.prefix = prefix
         self.store = ScheduleStore(redis, namespace=namespace, prefix=prefix)

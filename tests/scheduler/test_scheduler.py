@@ -123,8 +123,7 @@ async def test_a_hundred_thousand_missed_ticks_do_not_wedge_a_schedule(scheduler
     assert all(["span" not in (await q.get(m.task_id)).payload for m in later.materialized])
 
 
-async def test_broken_schedules_report_errors_and_never_stop_the_others(scheduler, make_queue, redis_url):
-    q = make_queue("mixed")
+async def test_broken_schedules_report_errors_and_never_stop_the_others(scheduler, redis_url):
     await scheduler.put(per_second("good/a", "mixed"))
     await scheduler.put(per_second("good/b", "mixed", timezone="Europe/Berlin"))
     # Definitions that reach Redis without passing validation (an older or newer
