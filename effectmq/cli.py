@@ -13,19 +13,15 @@ import json
 import logging
 import os
 import sys
-from typing import Any, Callable
+from typing import Callable
 
 from .app import App
+from .clitools import emit, env
 from .errors import EffectMQError
 from .queue import TaskQueue
 from .worker import Worker
 
 log = logging.getLogger("effectmq.cli")
-
-
-def _env(name: str, default: Any = None, cast: Callable = str) -> Any:
-    value = os.environ.get(name)
-    return default if value in (None, "") else cast(value)
 
 
 def load_target(spec: str) -> App | dict:
@@ -50,24 +46,17 @@ def load_target(spec: str) -> App | dict:
 
 
 def _queue_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--queue", "-q", default=_env("EFFECTMQ_QUEUE"), help="queue name [EFFECTMQ_QUEUE]")
-    p.add_argument("--url", default=_env("EFFECTMQ_REDIS_URL"), help="Redis URL [EFFECTMQ_REDIS_URL]")
-    p.add_argument("--prefix", default=_env("EFFECTMQ_PREFIX", "emq"), help="key prefix [EFFECTMQ_PREFIX]")
+    p.add_argument("--queue", "-q", default=env("EFFECTMQ_QUEUE"), help="queue name [EFFECTMQ_QUEUE]")
+    p.add_argument("--url", default=env("EFFECTMQ_REDIS_URL"), help="Redis URL [EFFECTMQ_REDIS_URL]")
+    p.add_argument("--prefix", default=env("EFFECTMQ_PREFIX", "emq"), help="key prefix [EFFECTMQ_PREFIX]")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--log-level", default=_env("EFFECTMQ_LOG_LEVEL", "INFO"), help="[EFFECTMQ_LOG_LEVEL]")
+    p.add_argument("--log-level", default=env("EFFECTMQ_LOG_LEVEL", "INFO"), help="[EFFECTMQ_LOG_LEVEL]")
 
 
 def _queue(args) -> TaskQueue:
     if not args.queue:
         raise SystemExit("effectmq: no queue given (--queue or EFFECTMQ_QUEUE)")
     return TaskQueue(args.queue, url=args.url, prefix=args.prefix)
-
-
-def _print(args, value: Any, human: Callable[[Any], str]) -> None:
-    if args.json:
-        print(json.dumps(value, indent=2, default=str))
-    else:
-        print(human(value))
 
 
 def _human_task(info: dict) -> str:
@@ -88,7 +77,7 @@ async def cmd_worker(args) -> int:
     worker = Worker(queue, target, concurrency=args.concurrency, lock_timeout=args.lock_timeout,
                     lock_refresh=args.lock_refresh, drain_timeout=args.drain_timeout,
                     maintenance_interval=args.maintenance_interval, metrics_port=args.metrics_port,
-                    name=_env("EFFECTMQ_WORKER_NAME") or _env("HOSTNAME"))
+                    name=env("EFFECTMQ_WORKER_NAME") or env("HOSTNAME"))
     try:
         await worker.run()
     finally:
@@ -99,7 +88,7 @@ async def cmd_worker(args) -> int:
 async def cmd_stats(args) -> int:
     async with _queue(args) as q:
         stats = await q.stats()
-    _print(args, stats.to_json(), lambda s: "\n".join(f"{k:>24}: {v}" for k, v in s.items()))
+    emit(args, stats.to_json(), lambda s: "\n".join(f"{k:>24}: {v}" for k, v in s.items()))
     return 0
 
 
@@ -109,7 +98,7 @@ async def cmd_task(args) -> int:
     if info is None:
         print(f"effectmq: no task {args.task_id!r} in queue {args.queue!r}", file=sys.stderr)
         return 1
-    _print(args, info.to_json(), _human_task)
+    emit(args, info.to_json(), _human_task)
     return 0
 
 
@@ -119,7 +108,7 @@ async def cmd_dead_letters(args) -> int:
             tasks = await q.dead_letters(limit=args.limit)
             for t in tasks:
                 await q.retry(t.task_id)
-            _print(args, {"retried": [t.task_id for t in tasks]}, lambda v: f"retried {len(v['retried'])} tasks")
+            emit(args, {"retried": [t.task_id for t in tasks]}, lambda v: f"retried {len(v['retried'])} tasks")
             return 0
         tasks = await q.dead_letters(limit=args.limit, offset=args.offset)
     rows = [t.to_json() for t in tasks]
@@ -134,7 +123,7 @@ async def cmd_dead_letters(args) -> int:
                        f"{r['stalled_attempt_count']:>6}  {err.get('tag', '')}: {err.get('message', '')}")
         return "\n".join(out)
 
-    _print(args, rows, table)
+    emit(args, rows, table)
     return 0
 
 
@@ -146,7 +135,7 @@ async def cmd_offer(args) -> int:
         return 2
     async with _queue(args) as q:
         offered = await q.offer(args.name, payload, task_id=args.task_id, delay=args.delay, priority=args.priority)
-    _print(args, offered._asdict(), lambda o: f"{'offered' if o['created'] else 'already known'}: {o['task_id']}")
+    emit(args, offered._asdict(), lambda o: f"{'offered' if o['created'] else 'already known'}: {o['task_id']}")
     return 0
 
 
@@ -155,15 +144,15 @@ def _simple(action: str) -> Callable:
         async with _queue(args) as q:
             if action in ("retry", "cancel"):
                 was = await getattr(q, action)(args.task_id)
-                _print(args, {"task_id": args.task_id, "was": was},
+                emit(args, {"task_id": args.task_id, "was": was},
                        lambda v: f"{action}: {v['task_id']} (was {v['was'] or 'unknown'})")
                 return 0 if was else 1
             if action == "maintain":
                 report = await q.maintain(batch=args.batch)
-                _print(args, report.to_json(), lambda r: " ".join(f"{k}={v}" for k, v in r.items()))
+                emit(args, report.to_json(), lambda r: " ".join(f"{k}={v}" for k, v in r.items()))
                 return 0
             await getattr(q, action)()
-            _print(args, {"queue": q.name, action: True}, lambda v: f"{action}d queue {q.name}")
+            emit(args, {"queue": q.name, action: True}, lambda v: f"{action}d queue {q.name}")
             return 0
     return run
 
@@ -173,20 +162,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     w = sub.add_parser("worker", help="run handlers for a queue")
-    w.add_argument("handlers", nargs="?", default=_env("EFFECTMQ_HANDLERS"),
+    w.add_argument("handlers", nargs="?", default=env("EFFECTMQ_HANDLERS"),
                    help="module:attr of an effectmq.App or dict of handlers [EFFECTMQ_HANDLERS]")
     _queue_args(w)
-    w.add_argument("--concurrency", "-c", type=int, default=_env("EFFECTMQ_CONCURRENCY", 10, int),
+    w.add_argument("--concurrency", "-c", type=int, default=env("EFFECTMQ_CONCURRENCY", 10, int),
                    help="attempts in flight per process [EFFECTMQ_CONCURRENCY]")
-    w.add_argument("--lock-timeout", type=float, default=_env("EFFECTMQ_LOCK_TIMEOUT", 30.0, float),
+    w.add_argument("--lock-timeout", type=float, default=env("EFFECTMQ_LOCK_TIMEOUT", 30.0, float),
                    help="lease length in seconds [EFFECTMQ_LOCK_TIMEOUT]")
-    w.add_argument("--lock-refresh", type=float, default=_env("EFFECTMQ_LOCK_REFRESH", None, float),
+    w.add_argument("--lock-refresh", type=float, default=env("EFFECTMQ_LOCK_REFRESH", None, float),
                    help="renew interval, default a third of the lease [EFFECTMQ_LOCK_REFRESH]")
-    w.add_argument("--drain-timeout", type=float, default=_env("EFFECTMQ_DRAIN_TIMEOUT", 30.0, float),
+    w.add_argument("--drain-timeout", type=float, default=env("EFFECTMQ_DRAIN_TIMEOUT", 30.0, float),
                    help="seconds in-flight attempts get on SIGTERM before release [EFFECTMQ_DRAIN_TIMEOUT]")
-    w.add_argument("--maintenance-interval", type=float, default=_env("EFFECTMQ_MAINTENANCE_INTERVAL", 5.0, float),
+    w.add_argument("--maintenance-interval", type=float, default=env("EFFECTMQ_MAINTENANCE_INTERVAL", 5.0, float),
                    help="seconds between bounded maintenance passes [EFFECTMQ_MAINTENANCE_INTERVAL]")
-    w.add_argument("--metrics-port", type=int, default=_env("EFFECTMQ_METRICS_PORT", None, int),
+    w.add_argument("--metrics-port", type=int, default=env("EFFECTMQ_METRICS_PORT", None, int),
                    help="serve Prometheus metrics on this port [EFFECTMQ_METRICS_PORT]")
     w.set_defaults(run=cmd_worker)
 

@@ -41,3 +41,20 @@ def connect(client: aioredis.Redis | None = None, url: str | None = None, *, max
                                      socket_timeout=socket_timeout, health_check_interval=30,
                                      max_connections=max_connections, **tls)
     return client, True, url
+
+
+class OwnsConnection:
+    """Async context manager for objects that may own their Redis client."""
+
+    redis: aioredis.Redis
+    _owns_client: bool
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self.redis.aclose()

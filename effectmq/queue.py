@@ -21,7 +21,7 @@ from .errors import (
     CANCELED, DEFECT, STALLED, ErrorInfo, InvalidOption, LeaseLost, RedisUnavailable,
     TaskError, TaskFailed, TaskNotFound,
 )
-from .connection import connect
+from .connection import OwnsConnection, connect
 from .keys import INDEXES, QueueKeys, check_queue_name
 from .models import MaintenanceReport, Offered, QueueStats, TaskInfo
 from .scripts import TRANSPORT_ERRORS, ScriptRunner
@@ -242,7 +242,7 @@ class WakeSignal:
                 await self._task
 
 
-class TaskQueue:
+class TaskQueue(OwnsConnection):
     """One named queue on Redis: offer, acquire under a lease, inspect, maintain."""
 
     def __init__(self, name: str, *, redis: aioredis.Redis | None = None, url: str | None = None,
@@ -270,16 +270,6 @@ class TaskQueue:
 
     def __repr__(self) -> str:
         return f"TaskQueue({self.name!r})"
-
-    async def __aenter__(self) -> "TaskQueue":
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        if self._owns_client:
-            await self.redis.aclose()
 
     def _unavailable(self, exc: Exception) -> RedisUnavailable:
         return RedisUnavailable(f"Redis unavailable at {self.url} (queue {self.name!r}): {exc}")

@@ -16,7 +16,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import os
 import signal
 import sys
 from typing import Any, Callable
@@ -24,20 +23,13 @@ from typing import Any, Callable
 from .model import ScheduleSpec, ScheduleStatus, TickReport
 from .policy import MISSED_MODES
 from .scheduler import Scheduler
+from ..clitools import emit, env
 
 log = logging.getLogger("effectmq.scheduler")
 
 
-def _env(name: str, default: Any = None) -> Any:
-    return os.environ.get(name) or default
-
-
 def _scheduler(args) -> Scheduler:
     return Scheduler(args.url, namespace=args.namespace, prefix=args.prefix, batch=getattr(args, "batch", 500))
-
-
-def _emit(args, value: Any, human: Callable[[Any], str]) -> None:
-    print(json.dumps(value, indent=2) if args.json else human(value), flush=True)
 
 
 def _when(value: str | None) -> str:
@@ -93,14 +85,14 @@ async def cmd_add(args) -> int:
     )
     async with _scheduler(args) as scheduler:
         status = await scheduler.put(spec)
-    _emit(args, status.to_json(), _human_status)
+    emit(args, status.to_json(), _human_status)
     return 0
 
 
 async def cmd_remove(args) -> int:
     async with _scheduler(args) as scheduler:
         removed = await scheduler.remove(args.id)
-    _emit(args, {"id": args.id, "removed": removed},
+    emit(args, {"id": args.id, "removed": removed},
           lambda v: f"removed {v['id']}" if v["removed"] else f"no schedule {v['id']!r}")
     return 0 if removed else 1
 
@@ -109,7 +101,7 @@ async def _show_status(args, status: ScheduleStatus | None) -> int:
     if status is None:
         print(f"effectmq: no schedule {args.id!r} in namespace {args.namespace!r}", file=sys.stderr)
         return 1
-    _emit(args, status.to_json(), _human_status)
+    emit(args, status.to_json(), _human_status)
     return 0
 
 
@@ -132,14 +124,14 @@ def _set_suspend(value: bool) -> Callable:
 async def cmd_list(args) -> int:
     async with _scheduler(args) as scheduler:
         statuses = await scheduler.list(limit=args.limit)
-    _emit(args, [s.to_json() for s in statuses], _human_list)
+    emit(args, [s.to_json() for s in statuses], _human_list)
     return 0
 
 
 async def cmd_tick(args) -> int:
     async with _scheduler(args) as scheduler:
         report = await scheduler.tick()
-    _emit(args, report.to_json(), _human_report)
+    emit(args, report.to_json(), _human_report)
     return 1 if report.errors else 0
 
 
@@ -176,12 +168,12 @@ async def cmd_run(args) -> int:
 # -- parser -----------------------------------------------------------------------
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=_env("EFFECTMQ_REDIS_URL"), help="Redis URL [EFFECTMQ_REDIS_URL]")
-    p.add_argument("--namespace", "-n", default=_env("EFFECTMQ_SCHEDULER_NAMESPACE", "default"),
+    p.add_argument("--url", default=env("EFFECTMQ_REDIS_URL"), help="Redis URL [EFFECTMQ_REDIS_URL]")
+    p.add_argument("--namespace", "-n", default=env("EFFECTMQ_SCHEDULER_NAMESPACE", "default"),
                    help="scheduler namespace [EFFECTMQ_SCHEDULER_NAMESPACE]")
-    p.add_argument("--prefix", default=_env("EFFECTMQ_PREFIX", "emq"), help="key prefix [EFFECTMQ_PREFIX]")
+    p.add_argument("--prefix", default=env("EFFECTMQ_PREFIX", "emq"), help="key prefix [EFFECTMQ_PREFIX]")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--log-level", default=_env("EFFECTMQ_LOG_LEVEL", "INFO"), help="[EFFECTMQ_LOG_LEVEL]")
+    p.add_argument("--log-level", default=env("EFFECTMQ_LOG_LEVEL", "INFO"), help="[EFFECTMQ_LOG_LEVEL]")
 
 
 def _optional(cast: Callable) -> Callable:
@@ -196,7 +188,7 @@ def register(subparsers) -> None:
 
     run = sub.add_parser("run", help="materialize due ticks until SIGTERM/SIGINT")
     _common(run)
-    run.add_argument("--interval", type=float, default=float(_env("EFFECTMQ_SCHEDULER_INTERVAL", 1.0)),
+    run.add_argument("--interval", type=float, default=float(env("EFFECTMQ_SCHEDULER_INTERVAL", 1.0)),
                      help="seconds between passes at most; passes also wake at each next tick "
                           "[EFFECTMQ_SCHEDULER_INTERVAL]")
     run.add_argument("--batch", type=int, default=500, help="schedules read per round trip")

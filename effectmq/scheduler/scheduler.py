@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 from .. import codec
 from ..errors import EffectMQError, InvalidOption, RedisUnavailable
 from ..models import Offered
-from ..connection import connect
+from ..connection import OwnsConnection, connect
 from ..queue import DEFAULT_DEDUP_WINDOW, TaskQueue
 from . import policy
 from .errors import InvalidSchedule
@@ -42,7 +42,7 @@ BeforeOffer = Callable[[str, list[str]], Awaitable[None]]
 AfterOffer = Callable[[str, list[Offered]], Awaitable[None]]
 
 
-class Scheduler:
+class Scheduler(OwnsConnection):
     """Schedules of one namespace and the passes that materialize their ticks.
 
         scheduler = Scheduler("redis://localhost:6379/0", namespace="prod")
@@ -81,16 +81,6 @@ class Scheduler:
 
     def __repr__(self) -> str:
         return f"Scheduler(namespace={self.namespace!r})"
-
-    async def __aenter__(self) -> "Scheduler":
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        if self._owns_client:
-            await self.redis.aclose()
 
     # -- definitions ---------------------------------------------------------------
 
