@@ -56,7 +56,13 @@ async def cleanup(memo: kopf.Memo, **_) -> None:
         await memo.elector.release()
 
 
-@kopf.on.event(GROUP, VERSION, "queues")
+def deleted(type: str, **_) -> bool:
+    """Only deletions need the raw watch event (the other changes reach the handlers
+    below); filtering here keeps status updates from logging a line each."""
+    return type == "DELETED"
+
+
+@kopf.on.event(GROUP, VERSION, "queues", when=deleted)
 def queue_event(type: str, body: kopf.Body, memo: kopf.Memo, **_) -> None:
     memo.controller.observe_queue(type, dict(body))
 
@@ -68,7 +74,7 @@ async def reconcile_queue(body: kopf.Body, memo: kopf.Memo, **_) -> None:
     await memo.controller.reconcile_queue(dict(body))
 
 
-@kopf.on.event(GROUP, VERSION, "schedules")
+@kopf.on.event(GROUP, VERSION, "schedules", when=deleted)
 async def schedule_event(type: str, body: kopf.Body, memo: kopf.Memo, **_) -> None:
     await memo.schedules.observe(type, dict(body))
 
