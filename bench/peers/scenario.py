@@ -265,8 +265,11 @@ async def latency(adapter, args, client: resp.Resp, env: dict, probedir: Path, l
         return [starts[i] - offered_at[i] for i in ids if i in starts]
 
     try:
-        # Warm-up: every process imported, connected and idle-waiting. The first job
-        # waits for the workers to boot (20 RQ processes take a while on a busy machine).
+        # Warm-up: every process imported, connected and idle-waiting. The workers get
+        # `settle` seconds first (an RQ pool that gets a job while its members are still
+        # starting can leave it in its intermediate list), and the first job waits for
+        # slow boots (20 RQ processes take a while on a busy machine).
+        await asyncio.sleep(args.settle)
         for k in range(args.warmup):
             await adapter.offer(next_i)
             next_i += 1
@@ -376,6 +379,8 @@ async def main() -> None:
     parser.add_argument("--stall", type=float, default=30.0, help="give up after this long without progress (s)")
     parser.add_argument("--latency", action="store_true")
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--settle", type=float, default=3.0, help="seconds between starting the latency "
+                        "phase's workers and the first offer")
     parser.add_argument("--boot-timeout", type=float, default=60.0, help="limit for the first warm-up job (s)")
     parser.add_argument("--idle-offers", type=int, default=200)
     parser.add_argument("--idle-gap", type=float, default=0.01)
