@@ -42,6 +42,7 @@ class Variant:
     adapter: str  # adapters/<adapter>.py and adapters/<adapter>.txt
     options: dict = field(default_factory=dict)
     about: str = ""
+    default: bool = True  # False: runs only when named in --only
 
 
 VARIANTS = [
@@ -56,6 +57,9 @@ VARIANTS = [
     Variant("arq", "arq", {}, "poll_delay 0.5 s (default)"),
     Variant("rq", "rq", {}, "worker-pool of 10 per process, rq.Worker forks per job (default)"),
     Variant("rq-simple", "rq", {"worker_class": "rq.SimpleWorker"}, "worker-pool of 10, SimpleWorker (no fork)"),
+    # EffectMQ settings experiments, never counted as peers: run with --only effectmq-noevents ...
+    Variant("effectmq-noevents", "effectmq", {"events_maxlen": 0}, "events stream off (events_maxlen=0)",
+            default=False),
 ]
 
 
@@ -246,7 +250,7 @@ def latency_cell(lat: dict | None, key: str) -> str:
 
 
 def table(rows: list[dict], rates: list[int]) -> str:
-    head = (f"{'variant':<11} {'version':<9} {'jobs/s':>7} {'vs best':>7} {'cmds/job':>8} {'Redis us/job':>12} "
+    head = (f"{'variant':<17} {'version':<9} {'jobs/s':>7} {'vs best':>7} {'cmds/job':>8} {'Redis us/job':>12} "
             f"{'worker us/job':>13} {'verified':>9} {'idle p50/p99':>12}")
     head += "".join(f" {f'{r}/s p50/p99':>14}" for r in rates)
     lines = [head, "-" * len(head)]
@@ -255,7 +259,7 @@ def table(rows: list[dict], rates: list[int]) -> str:
         verified = "error" if not row["ok_runs"] else ("ok" if row["verified"] else f"miss {row['missing']}")
         if row["duplicates"]:
             verified += f" +{row['duplicates']}dup"
-        line = (f"{row['variant']:<11} {version:<9} {fmt(row['jobs_per_s'], ',.0f'):>7} "
+        line = (f"{row['variant']:<17} {version:<9} {fmt(row['jobs_per_s'], ',.0f'):>7} "
                 f"{fmt(row.get('vs_best_peer'), '.2f'):>6}x {fmt(row['redis_commands_per_job'], '.1f'):>8} "
                 f"{fmt(row['redis_cpu_ms_per_job'] and row['redis_cpu_ms_per_job'] * 1000, '.0f'):>12} "
                 f"{fmt(row['worker_cpu_ms_per_job'] and row['worker_cpu_ms_per_job'] * 1000, '.0f'):>13} "
@@ -288,7 +292,7 @@ def main() -> int:
     args = parser.parse_args()
 
     selected = [v for v in VARIANTS
-                if (not args.only or v.name in args.only or v.adapter in args.only)
+                if (v.name in (args.only or []) or (v.default and (not args.only or v.adapter in args.only)))
                 and v.name not in args.skip and v.adapter not in args.skip]
     if not selected:
         parser.error("no variant selected")

@@ -253,16 +253,18 @@ async def latency(adapter, args, client: resp.Resp, env: dict, probedir: Path, l
     workers = Workers(adapter, env, args.processes, logdir, "latency")
     workers.start()
     out: dict = {}
-    offered_at: dict[int, int] = {}
+    offered_at: dict[int, int] = {}  # open loop: the scheduled time
+    sent_at: dict[int, int] = {}  # open loop: when the offer call actually began
     next_i = WARMUP_BASE
     done = 0  # handler starts expected so far
 
-    def phase_latencies(ids: range) -> list[int]:
+    def phase_latencies(ids: range, since: dict[int, int] | None = None) -> list[int]:
+        since = offered_at if since is None else since
         starts = {}
         for job, t, _slot, _pid in probe.records(probedir):
             if job in ids and job not in starts:
                 starts[job] = t
-        return [starts[i] - offered_at[i] for i in ids if i in starts]
+        return [starts[i] - since[i] for i in ids if i in starts and i in since]
 
     try:
         # Warm-up: every process imported, connected and idle-waiting. The workers get
@@ -296,8 +298,12 @@ async def latency(adapter, args, client: resp.Resp, env: dict, probedir: Path, l
         for rate in args.rates:
             if dead := workers.dead():
                 raise RuntimeError("; ".join(dead))
-            n = int(rate * args.load_seconds)
+            # A lead-in at the same rate warms the producer's connection pool and the
+            # workers' steady state; only the jobs after it are measured.
+            lead = int(rate * args.lead_in)
+            n = lead + int(rate * args.load_seconds)
             ids = range(next_i, next_i + n)
+            measured = ids[lead:]
             next_i += n
             pending: set[asyncio.Task] = set()
             errors = 0
@@ -309,7 +315,8 @@ async def latency(adapter, args, client: resp.Resp, env: dict, probedir: Path, l
 
             async def send(i: int, intended: int) -> None:
                 nonlocal errors
-                lag_ns.append(time.monotonic_ns() - intended)
+                sent_at[i] = time.monotonic_ns()
+                lag_ns.append(sent_at[i] - intended)
                 try:
                     await adapter.offer(i)
                 except Exception as exc:
@@ -336,7 +343,11 @@ async def latency(adapter, args, client: resp.Resp, env: dict, probedir: Path, l
             offered_s = (time.monotonic_ns() - t0) / 1e9
             done += n
             finished = await wait_for_count(probedir, done, args.load_drain)
-            result = summarize_latency(phase_latencies(ids), n, offered_s)
+            result = summarize_latency(phase_latencies(measured), len(measured), offered_s * len(measured) / n)
+            result["lead_in_jobs"] = lead
+            from_send = sorted(v / MS for v in phase_latencies(measured, sent_at))
+            result["from_send_p50_ms"] = percentile(from_send, 50)  # producer lag left out
+            result["from_send_p99_ms"] = percentile(from_send, 99)
             lag = sorted(v / MS for v in lag_ns)
             result.update({"rate": rate, "seconds": args.load_seconds, "offer_errors": errors,
                            "offer_error_kinds": dict(error_kinds.most_common(3)),
@@ -387,6 +398,7 @@ async def main() -> None:
     parser.add_argument("--idle-time", type=float, default=20.0)
     parser.add_argument("--rates", type=int, nargs="*", default=[500, 2000])
     parser.add_argument("--load-seconds", type=float, default=4.0)
+    parser.add_argument("--lead-in", type=float, default=0.5, help="unmeasured seconds at each rate first")
     parser.add_argument("--load-drain", type=float, default=15.0)
     parser.add_argument("--producer-inflight", type=int, default=64,
                         help="offers one open-loop producer keeps in flight at most (its connection budget)")

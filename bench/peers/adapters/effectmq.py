@@ -37,7 +37,10 @@ class Adapter(Base):
                 "--log-level", "WARNING"]
 
     async def setup(self) -> None:
-        await self.q.configure(retention_completed=0)
+        settings = {"retention_completed": 0}
+        if "events_maxlen" in S.options:  # the effectmq-noevents experiment
+            settings["events_maxlen"] = S.options["events_maxlen"]
+        await self.q.configure(**settings)
 
     async def prefill(self, numbers: range) -> None:
         batch = []
@@ -60,4 +63,5 @@ class Adapter(Base):
         await self.q.close()
 
     def options_summary(self) -> dict:
-        return {"concurrency": self.s.concurrency, "retention_completed": 0, "lock_timeout": 30}
+        return {"concurrency": self.s.concurrency, "retention_completed": 0, "lock_timeout": 30,
+                "events_maxlen": S.options.get("events_maxlen", "default (10000)")}
