@@ -246,6 +246,8 @@ def latency_cell(lat: dict | None, key: str) -> str:
         f"{phase['p50_ms']:.1f}/{phase['p99_ms']:.1f}"
     if phase.get("all_started") is False or phase.get("offer_errors"):
         cell += "*"
+    elif phase.get("rate") and (phase.get("offer_rate_achieved") or 0) < 0.95 * phase["rate"]:
+        cell += "^"
     return cell
 
 
@@ -360,8 +362,8 @@ def main() -> int:
     print("jobs/s: with all worker processes running, to the last handler start. vs best: ratio to the best peer. "
           "cmds/job, Redis us/job: Redis INFO commandstats / cpu deltas from worker start until all acked; "
           "worker us/job: CPU of the worker process trees from the first handler until all acked. "
-          "latency: offer -> handler start in ms (open loop from the scheduled offer time); * = the queue or "
-          "producer fell behind or offers failed (see JSON).")
+          "latency: offer -> handler start in ms (open loop from the scheduled offer time); * = not every job "
+          "started within 15 s or offers failed; ^ = the library's offer path could not keep the rate (see JSON).")
     c = report.get("ceiling") or {}
     if "pipeline_1" in c and "evalsha_per_s" in c["pipeline_1"]:
         p1, p16 = c["pipeline_1"], c.get("pipeline_16", {})

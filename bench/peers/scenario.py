@@ -354,7 +354,7 @@ async def latency(adapter, args, client: resp.Resp, env: dict, probedir: Path, l
                            "producer_lag_p99_ms": percentile(lag, 99), "producer_blocked": blocked,
                            "all_started": finished})
             out[f"open_{rate}"] = result
-            if not finished:  # saturated: drop the backlog so the next phase starts clean
+            if not finished:  # saturated: a higher rate would only pile onto the backlog
                 out[f"open_{rate}"]["note"] = f"not all started within {args.load_drain}s after the last offer"
                 break
             await wait_drained(adapter, 10.0)
