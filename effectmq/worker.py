@@ -117,6 +117,7 @@ class Worker:
         self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="effectmq-handler")
         self._q = self.queue.name
         self._completions = CompletionBatcher(self.queue)
+        self._metrics = metrics.AttemptMetrics(self._q)
         self.processed = 0
 
     # -- lifecycle ----------------------------------------------------------
@@ -183,6 +184,7 @@ class Worker:
                 continue
             for lease in leases:
                 self._start(lease)
+            self._metrics.in_flight.set(len(self._attempts))
             if len(leases) < free:
                 sleep = self.idle_poll if next_due is None else min(self.idle_poll, next_due + 0.001)
                 await self._until_any(wake.event, self._stopping, timeout=sleep)
@@ -221,8 +223,7 @@ class Worker:
         self._attempts[lease.task_id] = attempt
         attempt.task = asyncio.create_task(self._run_attempt(attempt))
         label = lease.name if definition else UNKNOWN_TASK_LABEL
-        metrics.ATTEMPTS.labels(self._q, label).inc()
-        metrics.IN_FLIGHT.labels(self._q).set(len(self._attempts))
+        self._metrics.started(label)
 
     async def _run_attempt(self, attempt: _Attempt) -> None:
         lease, definition = attempt.lease, attempt.definition
@@ -241,11 +242,7 @@ class Worker:
             self._attempts.pop(lease.task_id, None)
             self._slot_free.set()
             self.processed += 1
-            metrics.IN_FLIGHT.labels(self._q).set(len(self._attempts))
-            metrics.OUTCOMES.labels(self._q, label, outcome).inc()
-            metrics.DURATION.labels(self._q, label, outcome).observe(time.monotonic() - attempt.started)
-            if outcome == "lease_lost":
-                metrics.LEASE_LOSSES.labels(self._q, label).inc()
+            self._metrics.settled(label, outcome, time.monotonic() - attempt.started)
 
     async def _execute(self, attempt: _Attempt) -> str:
         lease, definition = attempt.lease, attempt.definition
@@ -260,12 +257,15 @@ class Worker:
             return await self._fail(lease, ErrorInfo(DEFECT, str(exc)), definition, retryable=False)
         timeout = lease.options.get("timeout") or definition.timeout
         try:
-            async with asyncio.timeout(timeout) as deadline:
+            if timeout is None:
                 result = await self._call(definition, payload, lease)
+            else:
+                async with asyncio.timeout(timeout) as deadline:
+                    result = await self._call(definition, payload, lease)
         except asyncio.CancelledError:
             raise
         except TimeoutError as exc:
-            if deadline.expired():
+            if timeout is not None and deadline.expired():
                 metrics.FAILURES.labels(self._q, lease.name, "timeout").inc()
                 info = ErrorInfo(TIMEOUT, f"handler exceeded its time limit of {timeout}s")
                 return await self._fail(lease, info, definition)
