@@ -18,7 +18,7 @@ import yaml
 from tests.fixtures.kube import KubeControlPlane, unavailable
 from tests.fixtures.redis import free_port
 from tests.support.operator import wait_for
-from tests.support.processes import ROOT
+from tests.support.processes import ROOT, stop_process
 
 CHART = ROOT / "charts" / "effectmq"
 RELEASE = "emq"  # release name used by the tests: full name "emq-effectmq"
@@ -154,13 +154,7 @@ class ChartOperator:
         return [line for line in self.log(None).splitlines() if pattern.search(line)]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 30)
 
 
 # --------------------------------------------------------------------------

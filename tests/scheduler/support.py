@@ -6,11 +6,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 from effectmq.scheduler import Scheduler
+from tests.support.operator import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,10 +100,4 @@ class SchedulerProcess:
 
 
 def wait_until(predicate, timeout: float, what: str, poll: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return wait_for(predicate, timeout=timeout, interval=poll, what=what)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tests.fixtures.redis import free_port
-from tests.support.processes import ROOT
+from tests.support.processes import ROOT, stop_process
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 30.0, interval: float = 0.2, what: str = "condition") -> Any:
@@ -65,13 +65,7 @@ class OperatorProcess:
             return r.read().decode()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 20)
 
 
 def deployment_worker_command(plane, namespace: str, deployment: dict, pod_name: str) -> tuple[list[str], dict]:
@@ -116,13 +110,4 @@ class DeploymentWorker:
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def stop(self, sig=None) -> None:
-        if self.proc.poll() is None:
-            if sig is not None:
-                self.proc.send_signal(sig)
-            else:
-                self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 30, sig)

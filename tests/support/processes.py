@@ -11,6 +11,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 20.0, sig: int | None = None) -> int:
+    """Ask a child to stop (SIGTERM or `sig`), kill it if it does not within `timeout`."""
+    if proc.poll() is None:
+        proc.send_signal(sig) if sig is not None else proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 class WorkerProcess:
     def __init__(self, redis_url: str, queue: str, tmp: Path, *, args: list[str] = (), env: dict | None = None,
                  prefix: list[str] = (), name: str = "worker"):
@@ -52,11 +64,4 @@ class WorkerProcess:
         self.proc.send_signal(sig)
 
     def stop(self, timeout: float = 20.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, timeout)
