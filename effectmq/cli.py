@@ -221,9 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     for extension in ("effectmq.scheduler.cli", "effectmq_operator.local.cli"):
         try:
-            importlib.import_module(extension).register(sub)
-        except ImportError:
-            pass
+            module = importlib.import_module(extension)
+        except ModuleNotFoundError as exc:
+            if exc.name != extension.split(".")[0]:
+                raise  # a broken extension must show, not vanish from the command list
+            continue  # that package is not installed
+        module.register(sub)
     return parser
 
 
