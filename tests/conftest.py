@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.fixtures.redis", "tests.fixtures.proxy", "tests.fixtures.kube"]
+pytest_plugins = ["tests.fixtures.redis", "tests.fixtures.proxy", "tests.fixtures.kube", "tests.fixtures.kstatus"]

@@ -19,4 +19,12 @@ if [ -z "${EFFECTMQ_CONTROLPLANE_BIN:-}" ]; then
 fi
 say "control plane binaries: $EFFECTMQ_CONTROLPLANE_BIN"
 
+# The kstatus helper (sigs.k8s.io/cli-utils kstatus, as Flux judges health).
+if [ -z "${EFFECTMQ_KSTATUS_BIN:-}" ]; then
+    command -v go >/dev/null 2>&1 || { say "go is needed to build the kstatus helper"; exit 1; }
+    EFFECTMQ_KSTATUS_BIN="$(bash tooling/kstatus/build.sh | tail -n 1)"
+    export EFFECTMQ_KSTATUS_BIN
+fi
+say "kstatus helper: $EFFECTMQ_KSTATUS_BIN"
+
 exec "$venv/bin/python" -m pytest "$@"
