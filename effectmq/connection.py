@@ -1,46 +1,104 @@
-"""Redis clients for the engine and the scheduler: one place decides their settings."""
+"""Redis clients for the engine and the scheduler: one place decides their settings,
+and one place turns redis-py's transport errors into `RedisUnavailable`."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+import redis.exceptions as redis_errors
 
-from .errors import InvalidOption
+from .errors import InvalidOption, RedisUnavailable
+from .redaction import INVALID_URL, SECRET_OPTIONS, redact_url, scrub, url_secrets
 
 DEFAULT_URL = "redis://localhost:6379/0"
+GIVEN_CLIENT = "the given client"  # how messages name a client passed in without a URL
+TRANSPORT_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError)
 
 
-def tls_from_env(url: str) -> tuple[str, dict[str, Any]]:
-    """TLS settings the operator passes to worker pods (EFFECTMQ_REDIS_TLS, _CA_FILE, _TLS_INSECURE)."""
-    options: dict[str, Any] = {}
-    if os.environ.get("EFFECTMQ_REDIS_TLS", "").lower() == "true" and url.startswith("redis://"):
-        url = "rediss://" + url[len("redis://"):]
-    if url.startswith("rediss://"):
-        if os.environ.get("EFFECTMQ_REDIS_CA_FILE"):
-            options["ssl_ca_certs"] = os.environ["EFFECTMQ_REDIS_CA_FILE"]
-        if os.environ.get("EFFECTMQ_REDIS_TLS_INSECURE", "").lower() == "true":
-            options["ssl_cert_reqs"] = "none"
-    return url, options
+@dataclass(frozen=True)
+class TlsOptions:
+    """TLS to Redis: `enabled` upgrades redis:// to rediss://; `ca_file` or `ca_data`
+    (PEM) name the CA that signs the server; `insecure` skips verification."""
+
+    enabled: bool = False
+    insecure: bool = False
+    ca_file: str | None = None
+    ca_data: str | None = None
+
+    @classmethod
+    def from_env(cls) -> "TlsOptions":
+        """What the operator passes to worker pods (EFFECTMQ_REDIS_TLS, _CA_FILE, _TLS_INSECURE)."""
+        return cls(enabled=os.environ.get("EFFECTMQ_REDIS_TLS", "").lower() == "true",
+                   insecure=os.environ.get("EFFECTMQ_REDIS_TLS_INSECURE", "").lower() == "true",
+                   ca_file=os.environ.get("EFFECTMQ_REDIS_CA_FILE") or None)
+
+    def apply(self, url: str) -> tuple[str, dict[str, Any]]:
+        """The URL (rediss:// when enabled) and the client's TLS keyword arguments."""
+        options: dict[str, Any] = {}
+        if self.enabled and url.startswith("redis://"):
+            url = "rediss://" + url[len("redis://"):]
+        if url.startswith("rediss://"):
+            if self.ca_file:
+                options["ssl_ca_certs"] = self.ca_file
+            if self.ca_data:
+                options["ssl_ca_data"] = self.ca_data
+            if self.insecure:
+                options["ssl_cert_reqs"] = "none"
+                options["ssl_check_hostname"] = False
+        return url, options
 
 
 def connect(client: aioredis.Redis | None = None, url: str | None = None, *, max_connections: int | None = None,
-            socket_timeout: float | None = 15.0) -> tuple[aioredis.Redis, bool, str]:
+            socket_timeout: float | None = 15.0, tls: TlsOptions | None = None) -> tuple[aioredis.Redis, bool, str]:
     """The given client (checked), or a new one for `url`, EFFECTMQ_REDIS_URL or the default.
 
-    Returns (client, whether the caller owns it and must close it, the URL).
+    Returns (client, whether the caller owns it and must close it, the URL with its
+    password masked: the only form of it fit for messages).
     The socket timeout bounds every reply, so a partition cannot hang a call.
     """
     if client is not None:
         if not client.connection_pool.connection_kwargs.get("decode_responses"):
             raise InvalidOption("pass a redis client created with decode_responses=True")
-        return client, False, url or "the given client"
-    url, tls = tls_from_env(url or os.environ.get("EFFECTMQ_REDIS_URL") or DEFAULT_URL)
-    client = aioredis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5,
-                                     socket_timeout=socket_timeout, health_check_interval=30,
-                                     max_connections=max_connections, **tls)
-    return client, True, url
+        return client, False, redact_url(url) if url else GIVEN_CLIENT
+    url, tls_options = (tls or TlsOptions.from_env()).apply(url or os.environ.get("EFFECTMQ_REDIS_URL") or DEFAULT_URL)
+    shown = redact_url(url)
+    if shown == INVALID_URL:  # redis-py's own complaint could quote part of the password
+        raise InvalidOption("the Redis URL is not a redis://, rediss:// or unix:// URL that can be read safely "
+                            "(not shown: it may hold a password); percent-encode / ? # @ : in a password")
+    try:
+        client = aioredis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5,
+                                         socket_timeout=socket_timeout, health_check_interval=30,
+                                         max_connections=max_connections, **tls_options)
+    except ValueError as exc:  # e.g. a query option redis-py cannot read
+        raise InvalidOption(f"invalid Redis URL {shown}: {scrub(str(exc), *url_secrets(url))}") from None
+    return client, True, shown
+
+
+class RedisErrors:
+    """`with errors:` turns redis-py transport errors into RedisUnavailable naming `where`.
+
+    The one place where redis-py's text enters ours: it is scrubbed of the client's
+    secrets, and the original is chained only when it held none (a traceback prints it).
+    """
+
+    __slots__ = ("where", "secrets")
+
+    def __init__(self, client: aioredis.Redis, where: str):
+        self.where = where
+        settings = client.connection_pool.connection_kwargs
+        self.secrets = tuple(str(settings[name]) for name in SECRET_OPTIONS if settings.get(name))
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: Any) -> bool:
+        if not isinstance(exc, TRANSPORT_ERRORS):
+            return False
+        text = scrub(str(exc), *self.secrets)
+        raise RedisUnavailable(f"Redis unavailable {self.where}: {text}") from (exc if text == str(exc) else None)
 
 
 class OwnsConnection:

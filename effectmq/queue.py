@@ -18,13 +18,12 @@ import redis.asyncio as aioredis
 
 from . import codec, models, retry as retry_policies
 from .errors import (
-    CANCELED, DEFECT, STALLED, ErrorInfo, InvalidOption, LeaseLost, RedisUnavailable,
-    TaskError, TaskFailed, TaskNotFound,
+    CANCELED, DEFECT, STALLED, ErrorInfo, InvalidOption, LeaseLost, TaskError, TaskFailed, TaskNotFound,
 )
-from .connection import OwnsConnection, connect
+from .connection import OwnsConnection, RedisErrors, connect
 from .keys import INDEXES, QueueKeys, check_queue_name
 from .models import MaintenanceReport, Offered, QueueStats, TaskInfo
-from .scripts import TRANSPORT_ERRORS, ScriptRunner
+from .scripts import ScriptRunner
 
 # How long an explicit task id stays reserved after its record expired (lib.lua `forget`).
 DEFAULT_DEDUP_WINDOW = 604_800.0
@@ -266,19 +265,15 @@ class TaskQueue(OwnsConnection):
         self.retention_failed = retention_failed
         self.promote_batch = promote_batch
         self._scripts = ScriptRunner(self.redis, self.keys.script_keys)
+        self._redis_errors = RedisErrors(self.redis, f"at {self.url} (queue {self.name!r})")
         self._token_prefix = secrets.token_hex(6)
 
     def __repr__(self) -> str:
         return f"TaskQueue({self.name!r})"
 
-    def _unavailable(self, exc: Exception) -> RedisUnavailable:
-        return RedisUnavailable(f"Redis unavailable at {self.url} (queue {self.name!r}): {exc}")
-
     async def _call(self, operation: str, argv: list) -> Any:
-        try:
+        with self._redis_errors:
             return await self._scripts(operation, argv)
-        except TRANSPORT_ERRORS as exc:
-            raise self._unavailable(exc) from exc
 
     # -- producers ---------------------------------------------------------
 
@@ -380,10 +375,8 @@ class TaskQueue(OwnsConnection):
     # -- inspection and administration --------------------------------------
 
     async def get(self, task_id: str) -> TaskInfo | None:
-        try:
+        with self._redis_errors:
             h = await self.redis.hgetall(self.keys.task(task_id))
-        except TRANSPORT_ERRORS as exc:
-            raise self._unavailable(exc) from exc
         return models.parse_task(task_id, h) if h else None
 
     async def wait(self, task_id: str, *, timeout: float | None = None) -> Any:
@@ -394,23 +387,22 @@ class TaskQueue(OwnsConnection):
         """
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         try:
-            await pubsub.subscribe(self.keys.done_channel(task_id))
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while True:
-                info = await self.get(task_id)
-                if info is None:
-                    raise TaskNotFound(f"task {task_id!r} not found in queue {self.name!r}")
-                if info.state == "completed":
-                    return info.result
-                if info.state in ("failed", "canceled"):
-                    raise TaskFailed(task_id, info.state, info.error)
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"task {task_id!r} still {info.state} after {timeout}s")
-                # A bounded wait doubles as a re-check if the subscription dropped.
-                await pubsub.get_message(timeout=min(remaining or 5.0, 5.0))
-        except TRANSPORT_ERRORS as exc:
-            raise self._unavailable(exc) from exc
+            with self._redis_errors:
+                await pubsub.subscribe(self.keys.done_channel(task_id))
+                deadline = None if timeout is None else time.monotonic() + timeout
+                while True:
+                    info = await self.get(task_id)
+                    if info is None:
+                        raise TaskNotFound(f"task {task_id!r} not found in queue {self.name!r}")
+                    if info.state == "completed":
+                        return info.result
+                    if info.state in ("failed", "canceled"):
+                        raise TaskFailed(task_id, info.state, info.error)
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise TimeoutError(f"task {task_id!r} still {info.state} after {timeout}s")
+                    # A bounded wait doubles as a re-check if the subscription dropped.
+                    await pubsub.get_message(timeout=min(remaining or 5.0, 5.0))
         finally:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
@@ -460,10 +452,8 @@ class TaskQueue(OwnsConnection):
 
     async def settings(self) -> dict[str, Any]:
         """Queue-level settings currently stored in Redis (seconds for durations)."""
-        try:
+        with self._redis_errors:
             raw = await self.redis.hgetall(self.keys.key("meta"))
-        except TRANSPORT_ERRORS as exc:
-            raise self._unavailable(exc) from exc
         out: dict[str, Any] = {}
         for key, field in SETTINGS.items():
             if field not in raw:
@@ -511,14 +501,12 @@ class TaskQueue(OwnsConnection):
         if state not in INDEXES:
             raise InvalidOption(f"unknown state {state!r}; known: {', '.join(INDEXES)}")
         _check_number("limit", limit, minimum=1, integer=True, allow_none=False)
-        try:
+        with self._redis_errors:
             ids = await self.redis.zrange(self.keys.key(state), offset, offset + limit - 1)
             async with self.redis.pipeline(transaction=False) as pipe:
                 for tid in ids:
                     pipe.hgetall(self.keys.task(tid))
                 hashes = await pipe.execute()
-        except TRANSPORT_ERRORS as exc:
-            raise self._unavailable(exc) from exc
         return [models.parse_task(tid, h) for tid, h in zip(ids, hashes) if h]
 
     async def dead_letters(self, *, limit: int = 100, offset: int = 0) -> list[TaskInfo]:
@@ -529,10 +517,8 @@ class TaskQueue(OwnsConnection):
         """Follow the lifecycle event stream (created, active, progress, completed, failed, ...)."""
         last = since
         while True:
-            try:
+            with self._redis_errors:
                 reply = await self.redis.xread({self.keys.key("events"): last}, count=count, block=_ms(block))
-            except TRANSPORT_ERRORS as exc:
-                raise self._unavailable(exc) from exc
             for _stream, entries in reply or []:
                 for entry_id, fields in entries:
                     last = entry_id
@@ -548,7 +534,5 @@ class TaskQueue(OwnsConnection):
         return {flat[i]: (int(flat[i + 1]), int(flat[i + 2])) for i in range(0, len(flat), 3)}
 
     async def ping(self) -> None:
-        try:
+        with self._redis_errors:
             await self.redis.ping()
-        except TRANSPORT_ERRORS as exc:
-            raise self._unavailable(exc) from exc

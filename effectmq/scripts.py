@@ -15,6 +15,8 @@ from typing import Any, Sequence
 import redis
 import redis.exceptions as redis_errors
 
+from .connection import TRANSPORT_ERRORS
+
 try:  # hiredis packs commands in C; redis-py's own packer is the fallback
     from hiredis import pack_command as _pack
 except ImportError:  # pragma: no cover - hiredis is a declared dependency
@@ -28,7 +30,6 @@ OPERATIONS = (
 # arguments (explicit or pre-generated task ids, lease tokens). acquire is not:
 # a repeat could lease a second task nobody runs, so the worker retries it instead.
 RETRY_SAFE = frozenset(OPERATIONS) - {"acquire"}
-TRANSPORT_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError)
 # redis-py 5.3 deprecated naming the command when taking a pooled connection.
 _CONNECTION_ARGS = () if tuple(map(int, redis.__version__.split(".")[:2])) >= (5, 3) else ("EVALSHA",)
 

@@ -93,7 +93,8 @@ class Worker:
             self.app = None
             self.queue = queue_or_app
         else:
-            raise InvalidOption(f"Worker needs a TaskQueue or an App, got {queue_or_app!r}")
+            # the type only: a repr could be a URL with its password
+            raise InvalidOption(f"Worker needs a TaskQueue or an App, got {type(queue_or_app).__name__}")
         self.handlers = _handlers_from(handlers)
         if not self.handlers:
             raise InvalidOption("Worker needs at least one handler")
@@ -146,8 +147,8 @@ class Worker:
             asyncio.create_task(self._maintenance_loop(), name="effectmq-maintenance"),
             asyncio.create_task(self._announce_loop(), name="effectmq-announce"),
         ]
-        log.info("worker %s serving queue %r with %d handlers, concurrency %d",
-                 self.name, self._q, len(self.handlers), self.concurrency)
+        log.info("worker %s serving queue %r at %s with %d handlers, concurrency %d",
+                 self.name, self._q, self.queue.url, len(self.handlers), self.concurrency)
         try:
             await self._acquire_loop(wake)
             await self._drain()

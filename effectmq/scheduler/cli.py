@@ -159,7 +159,8 @@ async def cmd_run(args) -> int:
 
     async with _scheduler(args) as scheduler:
         await scheduler.ping()  # fail fast when Redis is unreachable
-        log.info("scheduler running (namespace %r, interval %.2fs)", args.namespace, args.interval)
+        log.info("scheduler running at %s (namespace %r, interval %.2fs)", scheduler.url, args.namespace,
+                 args.interval)
         await serve(scheduler, interval=args.interval, on_pass=on_pass)
     log.info("scheduler stopped")
     return 0

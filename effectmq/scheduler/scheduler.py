@@ -68,7 +68,7 @@ class Scheduler(OwnsConnection):
             redis, self._owns_client, self.url = connect(redis)
         self.redis = redis
         self.prefix = prefix
-        self.store = ScheduleStore(redis, namespace=namespace, prefix=prefix)
+        self.store = ScheduleStore(redis, namespace=namespace, prefix=prefix, url=self.url)
         self.namespace = namespace
         self.batch = batch
         self.max_per_pass = max_per_pass

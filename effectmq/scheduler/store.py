@@ -13,16 +13,15 @@ from importlib import resources
 from typing import Any, NamedTuple, Sequence
 
 import redis.asyncio as aioredis
-import redis.exceptions as redis_errors
 
 from .. import codec
-from ..errors import InvalidOption, RedisUnavailable
+from ..connection import GIVEN_CLIENT, RedisErrors
+from ..errors import InvalidOption
 from ..keys import check_queue_name
 from .errors import InvalidSchedule
 from .model import ScheduleSpec, ScheduleStatus, utc_from_ms
 
 OPERATIONS = ("put", "remove", "due", "advance")
-TRANSPORT_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError)
 
 
 @cache
@@ -90,9 +89,12 @@ APPLIED, GONE, CHANGED, LOST, FUTURE = 1, 0, -1, -2, -3
 
 
 class ScheduleStore:
-    """The schedules of one namespace, on one Redis client (decode_responses=True)."""
+    """The schedules of one namespace, on one Redis client (decode_responses=True).
 
-    def __init__(self, client: aioredis.Redis, *, namespace: str = "default", prefix: str = "emq"):
+    `url` (password masked) is how errors name the server."""
+
+    def __init__(self, client: aioredis.Redis, *, namespace: str = "default", prefix: str = "emq",
+                 url: str = GIVEN_CLIENT):
         try:
             check_queue_name(namespace)
         except InvalidOption:
@@ -102,21 +104,18 @@ class ScheduleStore:
         self.base = f"{{{prefix}-sched:{namespace}}}:"
         self.keys = [self.base, self.base + "due", self.base + "index"]
         self._scripts = {op: client.register_script(source(op)) for op in OPERATIONS}
+        self._redis_errors = RedisErrors(client, f"at {url} (scheduler namespace {namespace!r})")
 
     def key(self, schedule_id: str) -> str:
         return self.base + "s:" + schedule_id
 
     async def _call(self, operation: str, argv: Sequence) -> Any:
-        try:
+        with self._redis_errors:
             return await self._scripts[operation](keys=self.keys, args=list(argv))
-        except TRANSPORT_ERRORS as exc:
-            raise RedisUnavailable(f"Redis unavailable (scheduler namespace {self.namespace!r}): {exc}") from exc
 
     async def _read(self, coro) -> Any:
-        try:
+        with self._redis_errors:
             return await coro
-        except TRANSPORT_ERRORS as exc:
-            raise RedisUnavailable(f"Redis unavailable (scheduler namespace {self.namespace!r}): {exc}") from exc
 
     # -- writes ----------------------------------------------------------------
 
