@@ -28,6 +28,7 @@ def main() -> None:
     namespaces = args.namespace or [n for n in os.environ.get("EFFECTMQ_WATCH_NAMESPACES", "").split(",") if n]
     asyncio.run(kopf.operator(
         clusterwide=not namespaces, namespaces=namespaces, standalone=True, liveness_endpoint=args.liveness or None,
+        memo=kopf.Memo(namespaces=namespaces),
     ))
 
 

@@ -1,13 +1,20 @@
-"""Desired Kubernetes objects for a Queue (pure: spec in, manifests out)."""
+"""Desired Kubernetes objects for a Queue (pure: typed spec in, manifests out)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
+
+from .spec import QueueSpec, RedisSpec
 
 GROUP = "effectmq.io"
 VERSION = "v1alpha1"
 METRICS_PORT = 9100
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+SPEC_HASH = f"{GROUP}/spec-hash"  # on the Deployment: what the operator last applied
+MANAGED_BY = {"app.kubernetes.io/managed-by": "effectmq-operator"}
+CA_DIR = "/etc/effectmq/redis-ca"  # where worker pods mount spec.redis.tls.caFrom
 
 
 def queue_name(namespace: str, name: str) -> str:
@@ -38,36 +45,43 @@ def drain_timeout(grace_seconds: int) -> int:
     return max(1, grace_seconds - max(5, grace_seconds // 6))
 
 
-def redis_url_env(redis_spec: dict) -> dict[str, Any]:
+def redis_url_env(redis: RedisSpec) -> dict[str, Any]:
     """The EFFECTMQ_REDIS_URL variable: a literal URL or a Secret reference."""
-    ref = (redis_spec.get("urlFrom") or {}).get("secretKeyRef")
-    if ref:
-        return {"name": "EFFECTMQ_REDIS_URL", "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref["key"]}}}
-    return {"name": "EFFECTMQ_REDIS_URL", "value": redis_spec.get("url", "")}
+    if redis.url_from:
+        return {"name": "EFFECTMQ_REDIS_URL",
+                "valueFrom": {"secretKeyRef": {"name": redis.url_from.name, "key": redis.url_from.key}}}
+    return {"name": "EFFECTMQ_REDIS_URL", "value": redis.url or ""}
 
 
-def worker_env(namespace: str, name: str, spec: dict) -> list[dict[str, Any]]:
-    worker = spec.get("worker") or {}
-    grace = int(worker.get("terminationGracePeriodSeconds", 60))
+def worker_env(namespace: str, name: str, spec: QueueSpec) -> list[dict[str, Any]]:
+    """The worker container's env: the operator's variables, then the user's. A user
+    variable with an operator variable's name replaces it in place (one entry, the
+    user's value), because duplicate names make server-side apply fail."""
+    worker = spec.worker
+    assert worker is not None
     env = [
         {"name": "EFFECTMQ_QUEUE", "value": queue_name(namespace, name)},
-        redis_url_env(spec.get("redis") or {}),
-        {"name": "EFFECTMQ_HANDLERS", "value": worker.get("handlers", "")},
-        {"name": "EFFECTMQ_CONCURRENCY", "value": str(worker.get("concurrency", 10))},
-        {"name": "EFFECTMQ_LOCK_TIMEOUT", "value": str(spec.get("lockTimeoutSeconds", 30))},
-        {"name": "EFFECTMQ_LOCK_REFRESH", "value": str(spec.get("lockRefreshSeconds", 10))},
-        {"name": "EFFECTMQ_DRAIN_TIMEOUT", "value": str(drain_timeout(grace))},
+        redis_url_env(spec.redis),
+        {"name": "EFFECTMQ_HANDLERS", "value": worker.handlers},
+        {"name": "EFFECTMQ_CONCURRENCY", "value": str(worker.concurrency)},
+        {"name": "EFFECTMQ_LOCK_TIMEOUT", "value": str(spec.lock_timeout)},
+        {"name": "EFFECTMQ_LOCK_REFRESH", "value": str(spec.lock_refresh)},
+        {"name": "EFFECTMQ_DRAIN_TIMEOUT", "value": str(drain_timeout(worker.termination_grace_seconds))},
         {"name": "EFFECTMQ_METRICS_PORT", "value": str(METRICS_PORT)},
         {"name": "EFFECTMQ_WORKER_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
-    tls = (spec.get("redis") or {}).get("tls") or {}
-    if tls.get("enabled"):
+    tls = spec.redis.tls
+    if tls.enabled:
         env.append({"name": "EFFECTMQ_REDIS_TLS", "value": "true"})
-        if tls.get("insecureSkipVerify"):
-            env.append({"name": "EFFECTMQ_REDIS_TLS_INSECURE", "value": "true"})
-        if (tls.get("caFrom") or {}).get("secretKeyRef"):
-            env.append({"name": "EFFECTMQ_REDIS_CA_FILE", "value": "/etc/effectmq/redis-ca/ca.crt"})
-    return env + list(worker.get("env") or [])  # user variables last: they win on duplicates
+    if tls.insecure_skip_verify:
+        env.append({"name": "EFFECTMQ_REDIS_TLS_INSECURE", "value": "true"})
+    if tls.ca_from:
+        env.append({"name": "EFFECTMQ_REDIS_CA_FILE", "value": f"{CA_DIR}/ca.crt"})
+    user = {}
+    for var in worker.env:  # the last of repeated user names wins, as the kubelet would resolve them
+        user[var["name"]] = var
+    merged = [user.pop(var["name"], var) for var in env]
+    return merged + list(user.values())
 
 
 RESTRICTED_CONTAINER = {
@@ -79,33 +93,34 @@ RESTRICTED_CONTAINER = {
 }
 
 
-def worker_deployment(namespace: str, name: str, spec: dict, replicas: int, owner: dict | None = None) -> dict:
-    """The Deployment that runs `effectmq worker` for a Queue."""
-    worker = spec.get("worker") or {}
-    template = worker.get("podTemplate") or {}
-    queue = name
-    labels = worker_labels(queue)
+def worker_deployment(namespace: str, name: str, spec: QueueSpec, replicas: int, owner: dict | None = None) -> dict:
+    """The Deployment that runs `effectmq worker` for a Queue, with the hash of
+    everything but the replica count in an annotation (drift shows as a mismatch)."""
+    worker = spec.worker
+    assert worker is not None, "a Queue without spec.worker runs no Deployment"
+    template = worker.pod_template
+    labels = worker_labels(name)
     container: dict[str, Any] = {
         "name": "worker",
-        "image": worker.get("image", ""),
+        "image": worker.image,
         "command": ["effectmq", "worker"],
-        "args": [worker.get("handlers", "")],
+        "args": [worker.handlers],
         "env": worker_env(namespace, name, spec),
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
-        "resources": worker.get("resources") or {},
+        "resources": worker.resources,
         "securityContext": RESTRICTED_CONTAINER,
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
-    ca_ref = (((spec.get("redis") or {}).get("tls") or {}).get("caFrom") or {}).get("secretKeyRef")
+    ca_ref = spec.redis.tls.ca_from
     if ca_ref:
-        volumes.append({"name": "redis-ca", "secret": {"secretName": ca_ref["name"],
-                                                       "items": [{"key": ca_ref["key"], "path": "ca.crt"}]}})
-        container["volumeMounts"].append({"name": "redis-ca", "mountPath": "/etc/effectmq/redis-ca", "readOnly": True})
+        volumes.append({"name": "redis-ca", "secret": {"secretName": ca_ref.name,
+                                                       "items": [{"key": ca_ref.key, "path": "ca.crt"}]}})
+        container["volumeMounts"].append({"name": "redis-ca", "mountPath": CA_DIR, "readOnly": True})
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "volumes": volumes,
-        "terminationGracePeriodSeconds": int(worker.get("terminationGracePeriodSeconds", 60)),
+        "terminationGracePeriodSeconds": worker.termination_grace_seconds,
         "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
     }
     for key in ("nodeSelector", "tolerations", "affinity", "serviceAccountName", "imagePullSecrets"):
@@ -114,10 +129,11 @@ def worker_deployment(namespace: str, name: str, spec: dict, replicas: int, owne
     body: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": deployment_name(queue), "namespace": namespace, "labels": labels},
+        "metadata": {"name": deployment_name(name), "namespace": namespace, "labels": labels, "annotations": {}},
         "spec": {
             "replicas": replicas,
-            "selector": {"matchLabels": selector_labels(queue)},
+            "selector": {"matchLabels": selector_labels(name)},
+            "progressDeadlineSeconds": worker.progress_deadline_seconds,
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0}},
             "template": {
                 "metadata": {
@@ -131,7 +147,15 @@ def worker_deployment(namespace: str, name: str, spec: dict, replicas: int, owne
     }
     if owner:
         body["metadata"]["ownerReferences"] = [owner_reference(owner)]
+    body["metadata"]["annotations"][SPEC_HASH] = spec_hash(body)
     return body
+
+
+def spec_hash(deployment: dict) -> str:
+    """Hash of a desired Deployment without its replica count and this annotation."""
+    meta = {k: v for k, v in deployment["metadata"].items() if k != "annotations"}
+    spec = {k: v for k, v in deployment["spec"].items() if k != "replicas"}
+    return hashlib.sha256(json.dumps([meta, spec], sort_keys=True).encode()).hexdigest()[:16]
 
 
 def owner_reference(owner: dict) -> dict:
@@ -145,22 +169,20 @@ def owner_reference(owner: dict) -> dict:
     }
 
 
-def queue_settings(spec: dict) -> dict[str, Any]:
+def queue_settings(spec: QueueSpec) -> dict[str, Any]:
     """Queue-level settings written to Redis, so they apply without a redeploy."""
     from effectmq import retry as retry_policies
 
-    retention = spec.get("retention") or {}
-    settings: dict[str, Any] = {
-        "paused": bool(spec.get("paused", False)),
-        "max_active": int(spec.get("maxActive", 0)),
-        "max_stalled_count": int(spec.get("maxStalledCount", 1)),
-        "lock_timeout": float(spec.get("lockTimeoutSeconds", 30)),
-        "retention_completed": float(retention.get("completedSeconds", 86400)),
-        "retention_failed": float(retention.get("failedSeconds", 604800)),
-        "max_retries": int(spec["maxRetries"]) if spec.get("maxRetries") is not None else None,
-        "retry": retry_policies.from_json(spec.get("retry")) if spec.get("retry") else None,
+    return {
+        "paused": spec.paused,
+        "max_active": spec.max_active,
+        "max_stalled_count": spec.max_stalled_count,
+        "lock_timeout": float(spec.lock_timeout),
+        "retention_completed": float(spec.retention_completed),
+        "retention_failed": float(spec.retention_failed),
+        "max_retries": spec.max_retries,
+        "retry": retry_policies.from_json(spec.retry) if spec.retry else None,
     }
-    return settings
 
 
 def schedule_id(namespace: str, name: str) -> str:

@@ -1,8 +1,10 @@
-"""kopf handlers: read the event, call the controller, nothing else.
+"""kopf wiring: watch streams feed the registries, nothing else happens in handlers.
 
-No handler here needs a finalizer: deleting a Queue garbage-collects its
-Deployment through ownerReferences, and the operator does not block deletion
-when it is down.
+kopf is used as the watch machinery (and for the liveness endpoint): Queue,
+Schedule and worker Deployment events update the controllers' registries and
+nudge a reconcile. All reconciling is done by the leader's loops, so Events and
+writes come from one replica, and nothing (no finalizer, no kopf annotation) is
+added to users' objects.
 """
 
 from __future__ import annotations
@@ -13,74 +15,95 @@ import os
 
 import kopf
 
-from .builders import GROUP, VERSION
+from .builders import GROUP, MANAGED_BY, VERSION
 from .connections import Connections
-from .controller import Controller
+from .controller import QueueController
 from .kube import Kube, load_config
-from .leader import LeaderElector
+from .leader import LeaderElector, coordination_api
 from .schedules import ScheduleController
+
+SHUTDOWN_STEP = 2.0  # seconds each shutdown step may take: SIGTERM to exit stays within a few seconds
+
+
+class _QuietWatch(logging.Filter):
+    """Watch handlers run for every event; their "succeeded" lines would flood the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.endswith("succeeded.") and "_event'" in message)
 
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
-    # Only warnings and errors of handlers become Kubernetes Events; routine logs stay logs.
-    settings.posting.level = logging.WARNING
+    logging.getLogger("kopf.objects").addFilter(_QuietWatch())
+    settings.posting.level = logging.WARNING  # routine logs stay logs
     settings.posting.reporting_component = "effectmq-operator"
-    settings.watching.server_timeout = 300
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="effectmq.io")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="effectmq.io")
+    # A watch on a silently dead connection must not hang forever.
+    settings.watching.server_timeout = 60
+    settings.watching.client_timeout = 75
+    settings.watching.connect_timeout = 5
+    settings.networking.request_timeout = 15
+    settings.networking.connect_timeout = 5
     load_config()
+    namespaces = list(getattr(memo, "namespaces", None) or [])
     kube = Kube()
     connections = Connections(kube)
-    memo.controller = Controller(kube, connections)
-    memo.schedules = ScheduleController(kube, connections, memo.controller)
-    memo.controller.extra_passes.append(memo.schedules.tick)
+    memo.queues = QueueController(kube, connections, namespaces=namespaces)
+    memo.schedules = ScheduleController(kube, connections, memo.queues, namespaces=namespaces)
+    memo.connections = connections
     lease_seconds = float(os.environ.get("EFFECTMQ_OPERATOR_LEASE_SECONDS", "15"))
-    memo.elector = LeaderElector(kube, namespace=os.environ.get("POD_NAMESPACE", "default"),
+    memo.elector = LeaderElector(coordination_api(), namespace=os.environ.get("POD_NAMESPACE", "default"),
                                  name=os.environ.get("EFFECTMQ_OPERATOR_LEASE", "effectmq-operator"),
-                                 lease_seconds=lease_seconds, renew_every=lease_seconds / 3)
+                                 lease_seconds=lease_seconds, renew_deadline=lease_seconds * 2 / 3,
+                                 retry_period=lease_seconds / 7.5)
+    is_leader = lambda: memo.elector.is_leader  # noqa: E731
     memo.tasks = [
         asyncio.create_task(memo.elector.run(), name="effectmq-leader"),
-        asyncio.create_task(memo.controller.run(lambda: memo.elector.is_leader), name="effectmq-loop"),
+        asyncio.create_task(memo.queues.run(is_leader), name="effectmq-queues"),
+        asyncio.create_task(memo.schedules.run(is_leader), name="effectmq-schedules"),
     ]
+
+
+@kopf.on.probe(id="effectmq")
+def probe(memo: kopf.Memo, **_) -> dict:
+    """Liveness: fails when a loop died or the Lease could not be reached for a whole lease duration."""
+    dead = [t.get_name() for t in getattr(memo, "tasks", []) if t.done()]
+    if dead:
+        raise kopf.PermanentError(f"loops stopped: {', '.join(dead)}")
+    if not memo.elector.healthy():
+        raise kopf.PermanentError("the leader election cannot reach the API server")
+    return {"leader": memo.elector.is_leader}
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_) -> None:
-    for task in getattr(memo, "tasks", []):
+    tasks = getattr(memo, "tasks", [])
+    for task in tasks:
         task.cancel()
-    await asyncio.gather(*getattr(memo, "tasks", []), return_exceptions=True)
-    if hasattr(memo, "controller"):
-        await memo.schedules.close()
-        await memo.controller.stop()
-        await memo.elector.release()
+    if tasks:
+        await asyncio.wait(tasks, timeout=SHUTDOWN_STEP)
+    if hasattr(memo, "elector"):
+        await memo.elector.release(timeout=SHUTDOWN_STEP)
+        try:
+            await asyncio.wait_for(memo.connections.close(), SHUTDOWN_STEP)
+        except (asyncio.TimeoutError, Exception):
+            pass  # closing connections to an unreachable Redis must not hold up the exit
 
 
-def deleted(type: str, **_) -> bool:
-    """Only deletions need the raw watch event (the other changes reach the handlers
-    below); filtering here keeps status updates from logging a line each."""
-    return type == "DELETED"
+@kopf.on.event(GROUP, VERSION, "queues")
+async def queue_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_) -> None:
+    memo.queues.observe_queue(type, _plain(body))
 
 
-@kopf.on.event(GROUP, VERSION, "queues", when=deleted)
-def queue_event(type: str, body: kopf.Body, memo: kopf.Memo, **_) -> None:
-    memo.controller.observe_queue(type, dict(body))
+@kopf.on.event(GROUP, VERSION, "schedules")
+async def schedule_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_) -> None:
+    memo.schedules.observe(type, _plain(body))
 
 
-@kopf.on.resume(GROUP, VERSION, "queues")
-@kopf.on.create(GROUP, VERSION, "queues")
-@kopf.on.update(GROUP, VERSION, "queues", field="spec")
-async def reconcile_queue(body: kopf.Body, memo: kopf.Memo, **_) -> None:
-    await memo.controller.reconcile_queue(dict(body))
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY)
+async def deployment_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_) -> None:
+    memo.queues.observe_deployment(type, _plain(body))
 
 
-@kopf.on.event(GROUP, VERSION, "schedules", when=deleted)
-async def schedule_event(type: str, body: kopf.Body, memo: kopf.Memo, **_) -> None:
-    await memo.schedules.observe(type, dict(body))
-
-
-@kopf.on.resume(GROUP, VERSION, "schedules")
-@kopf.on.create(GROUP, VERSION, "schedules")
-@kopf.on.update(GROUP, VERSION, "schedules", field="spec")
-async def reconcile_schedule(body: kopf.Body, memo: kopf.Memo, **_) -> None:
-    await memo.schedules.reconcile(dict(body))
+def _plain(body: kopf.Body) -> dict:
+    return dict(body)  # the raw event: nested values are plain dicts

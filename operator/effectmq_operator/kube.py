@@ -1,14 +1,19 @@
-"""Thin Kubernetes API access (the only module here that talks to the API server).
+"""Every Kubernetes API call of the operator (the only module that talks to the API server).
 
-The kubernetes client is synchronous; every call runs in a worker thread so the
-operator's event loop never blocks.
+The kubernetes client is synchronous; calls run on a bounded pool of daemon
+threads (see threads.py), each with a client-side timeout, so a hung connection
+fails fast instead of wedging the operator. The Lease of the leader election
+has a client and a pool of its own, so renewals never queue behind other work.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
+import json
+import logging
 import socket
+import time
+from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any
 
@@ -16,8 +21,12 @@ import kubernetes
 from kubernetes.client.rest import ApiException
 
 from .builders import GROUP, VERSION
+from .threads import DaemonThreadPool
 
 FIELD_MANAGER = "effectmq-operator"
+REQUEST_TIMEOUT = (3.0, 10.0)  # connect, read: seconds
+EVENT_SERIES_WINDOW = 600.0  # a repeated Event within this window bumps the count of the first
+log = logging.getLogger("effectmq.operator.kube")
 
 
 def load_config() -> None:
@@ -27,71 +36,137 @@ def load_config() -> None:
         kubernetes.config.load_kube_config()
 
 
+def api_error(exc: ApiException) -> str:
+    """The API server's own message of a failed call (not the whole response body)."""
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return f"{exc.status} {exc.reason}: {message}" if message else f"{exc.status} {exc.reason}"
+
+
 class Kube:
-    def __init__(self) -> None:
+    def __init__(self, *, threads: int = 8, request_timeout: tuple[float, float] = REQUEST_TIMEOUT) -> None:
         self.api = kubernetes.client.ApiClient()
         self.apps = kubernetes.client.AppsV1Api(self.api)
         self.core = kubernetes.client.CoreV1Api(self.api)
         self.custom = kubernetes.client.CustomObjectsApi(self.api)
-        self.coordination = kubernetes.client.CoordinationV1Api(self.api)
+        self.timeout = request_timeout
+        self.pool = DaemonThreadPool(threads, "effectmq-kube")
+        self.requests = 0  # API calls made, for the fan-out bench and metrics
+        self._events: OrderedDict[tuple, tuple[str, int, float]] = OrderedDict()
 
-    @staticmethod
-    async def _run(fn, *args, **kwargs) -> Any:
-        return await asyncio.to_thread(fn, *args, **kwargs)
+    async def _call(self, fn, *args, **kwargs) -> Any:
+        self.requests += 1
+        return await self.pool.run(fn, *args, _request_timeout=self.timeout, **kwargs)
 
-    async def apply(self, body: dict) -> dict:
-        """Server-side apply of a Deployment we own (our field manager, conflicts forced)."""
-        meta = body["metadata"]
-        result = await self._run(
-            self.apps.patch_namespaced_deployment, meta["name"], meta["namespace"], body,
-            field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml",
-        )
-        return self.api.sanitize_for_serialization(result)
+    def _plain(self, obj: Any) -> Any:
+        return self.api.sanitize_for_serialization(obj)
 
-    async def get_deployment(self, namespace: str, name: str) -> dict | None:
+    # -- custom resources ------------------------------------------------------
+
+    async def list_resources(self, plural: str, namespaces: list[str]) -> list[dict]:
+        """Every Queue or Schedule in the watched namespaces (all when the list is empty)."""
+        if not namespaces:
+            result = await self._call(self.custom.list_cluster_custom_object, GROUP, VERSION, plural)
+            return result.get("items", [])
+        items: list[dict] = []
+        for namespace in namespaces:
+            result = await self._call(self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, plural)
+            items.extend(result.get("items", []))
+        return items
+
+    async def patch_status(self, plural: str, namespace: str, name: str, status: dict) -> dict | None:
+        """Merge-patch a resource's status; returns the object after the write, None when it is gone."""
         try:
-            result = await self._run(self.apps.read_namespaced_deployment, name, namespace)
+            return await self._call(self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace,
+                                    plural, name, {"status": status})
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        return self.api.sanitize_for_serialization(result)
 
-    async def scale(self, namespace: str, name: str, replicas: int) -> None:
-        await self._run(self.apps.patch_namespaced_deployment_scale, name, namespace, {"spec": {"replicas": replicas}})
+    # -- worker Deployments -------------------------------------------------------
 
-    async def secret_value(self, namespace: str, name: str, key: str) -> str | None:
+    async def apply(self, body: dict) -> dict:
+        """Server-side apply of a Deployment we own (our field manager, conflicts forced)."""
+        meta = body["metadata"]
+        result = await self._call(
+            self.apps.patch_namespaced_deployment, meta["name"], meta["namespace"], body,
+            field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml",
+        )
+        return self._plain(result)
+
+    async def get_deployment(self, namespace: str, name: str) -> dict | None:
+        try:
+            return self._plain(await self._call(self.apps.read_namespaced_deployment, name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def delete_deployment(self, namespace: str, name: str) -> None:
+        try:
+            await self._call(self.apps.delete_namespaced_deployment, name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def worker_pods(self, namespace: str, selector: str) -> list[dict]:
+        pods = await self._call(self.core.list_namespaced_pod, namespace, label_selector=selector)
+        return [self._plain(p) for p in pods.items]
+
+    async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        try:
+            await self._call(self.core.patch_namespaced_pod, name, namespace, {"metadata": {"annotations": annotations}})
+        except ApiException as exc:
+            if exc.status != 404:  # the pod went away meanwhile
+                raise
+
+    # -- Secrets -------------------------------------------------------------------
+
+    async def secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
         """A Secret's value, or None when the Secret or the key does not exist."""
         try:
-            secret = await self._run(self.core.read_namespaced_secret, name, namespace)
+            secret = await self._call(self.core.read_namespaced_secret, name, namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
         raw = (secret.data or {}).get(key)
-        return base64.b64decode(raw).decode() if raw is not None else None
+        return base64.b64decode(raw) if raw is not None else None
 
-    async def patch_status(self, plural: str, namespace: str, name: str, status: dict) -> None:
-        await self._run(self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, plural, name,
-                        {"status": status})
-
-    async def worker_pods(self, namespace: str, selector: str) -> list[dict]:
-        pods = await self._run(self.core.list_namespaced_pod, namespace, label_selector=selector)
-        return [self.api.sanitize_for_serialization(p) for p in pods.items]
+    # -- Events --------------------------------------------------------------------
 
     async def post_event(self, obj: dict, *, type: str, reason: str, message: str) -> None:
-        """A core/v1 Event about one of our resources (what `kubectl describe` shows)."""
+        """A core/v1 Event about one of our resources (what `kubectl describe` shows).
+        The same Event again within the series window bumps the first one's count."""
         meta = obj["metadata"]
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        message = message[:1024]
+        key = (meta.get("uid"), type, reason, message)
+        now = time.time()
+        stamp = datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        seen = self._events.get(key)
+        if seen is not None and now - seen[2] < EVENT_SERIES_WINDOW:
+            name, count, _ = seen
+            try:
+                await self._call(self.core.patch_namespaced_event, name, meta["namespace"],
+                                 {"count": count + 1, "lastTimestamp": stamp})
+                self._events[key] = (name, count + 1, now)
+                self._events.move_to_end(key)
+                return
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
         body = {
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
             "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "name": meta["name"],
                                "namespace": meta["namespace"], "uid": meta.get("uid")},
-            "type": type, "reason": reason, "message": message[:1024],
+            "type": type, "reason": reason, "message": message,
             "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
-            "reportingInstance": socket.gethostname(), "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "reportingInstance": socket.gethostname(), "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
         }
-        await self._run(self.core.create_namespaced_event, meta["namespace"], body)
-
-    async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        await self._run(self.core.patch_namespaced_pod, name, namespace, {"metadata": {"annotations": annotations}})
+        created = await self._call(self.core.create_namespaced_event, meta["namespace"], body)
+        self._events[key] = (created.metadata.name, 1, now)
+        while len(self._events) > 4096:
+            self._events.popitem(last=False)

@@ -10,6 +10,9 @@ Used by the operator for Deployments and by the local runner for processes.
   -> 0     only after demand stayed 0 for cooldownSeconds
   never    below the replicas in-flight work needs: ceil(active / concurrency), and
            the number of worker processes that still hold leases
+  paused   down to minReplicas at once (busy workers are kept until they drain)
+  cap      never above maxReplicas, nor ceil(maxActive / concurrency) when maxActive is set
+  reason   describes the final decision, after every clamp
 """
 
 from __future__ import annotations
@@ -28,19 +31,17 @@ class ScalingSpec:
     scale_down_stabilization: float = 300.0
     cooldown: float = 300.0
     concurrency: int = 10  # attempts per replica: how many replicas in-flight work occupies
+    paused: bool = False  # a paused queue needs only minReplicas (busy workers are kept until they drain)
+    replica_cap: int | None = None  # from maxActive: more replicas than this would only idle
 
-    @classmethod
-    def from_crd(cls, scaling: dict, concurrency: int) -> "ScalingSpec":
-        return cls(
-            min_replicas=int(scaling.get("minReplicas", 0)),
-            max_replicas=int(scaling.get("maxReplicas", 10)),
-            target_tasks_per_replica=max(1, int(scaling.get("targetTasksPerReplica", 50))),
-            activation_tasks=int(scaling.get("activationTasks", 1)),
-            poll_interval=float(scaling.get("pollIntervalSeconds", 10)),
-            scale_down_stabilization=float(scaling.get("scaleDownStabilizationSeconds", 300)),
-            cooldown=float(scaling.get("cooldownSeconds", 300)),
-            concurrency=max(1, int(concurrency)),
-        )
+    @property
+    def upper(self) -> int:
+        hi = max(self.min_replicas, self.max_replicas)
+        return hi if self.replica_cap is None else min(hi, self.replica_cap)
+
+    @property
+    def lower(self) -> int:
+        return min(self.min_replicas, self.upper)
 
 
 @dataclass(frozen=True)
@@ -81,43 +82,65 @@ def decide(spec: ScalingSpec, seen: Observation, state: ScalingState, now: float
     demand = seen.waiting + seen.active
     last_demand_at = now if demand > 0 else state.last_demand_at
     in_flight_floor = max(math.ceil(seen.active / spec.concurrency), seen.busy_workers)
-    lo, hi = spec.min_replicas, max(spec.min_replicas, spec.max_replicas)
+    lo, hi = spec.lower, spec.upper
 
-    target = math.ceil(demand / spec.target_tasks_per_replica)
-    why = f"{demand} tasks ({seen.waiting} waiting + {seen.active} active) / {spec.target_tasks_per_replica} per replica"
-    if current == 0 and target > 0 and seen.active == 0 and seen.waiting < spec.activation_tasks:
-        target, why = 0, f"{seen.waiting} waiting is below the activation threshold of {spec.activation_tasks}"
-    target = min(max(target, lo, in_flight_floor), hi)
+    if spec.paused:
+        wanted, why = lo, "queue paused"
+    else:
+        wanted = math.ceil(demand / spec.target_tasks_per_replica)
+        why = (f"{demand} tasks ({seen.waiting} waiting + {seen.active} active) / "
+               f"{spec.target_tasks_per_replica} per replica")
+        if current == 0 and wanted > 0 and seen.active == 0 and seen.waiting < spec.activation_tasks:
+            wanted, why = 0, f"{seen.waiting} waiting is below the activation threshold of {spec.activation_tasks}"
+    floored = max(wanted, lo, in_flight_floor)
+    target = min(floored, hi)
 
     # Keep the recommendations of the stabilization window; scale down to their max.
     window_start = now - spec.scale_down_stabilization
     known = state.recommendations or ((now, current),)  # no history yet: the current size counts
     history = tuple((t, r) for t, r in known if t > window_start) + ((now, target),)
-    stable = max(r for _, r in history)
+    stable = target if spec.paused else min(max(r for _, r in history), hi)
 
+    waiting_for = ""
     if target > current:
-        replicas = min(target, max_step_up(current), hi)
-        reason = f"scale up to {replicas}: {why}"
-        if replicas < target:
-            reason += f" (step limited, target {target})"
+        replicas = min(target, max_step_up(current))
     elif stable < current:
         replicas = stable
-        if replicas == 0 and last_demand_at is not None and now - last_demand_at < spec.cooldown:
-            replicas = 1  # idle, but not yet for the whole cooldown
-        if replicas < current:
-            reason = f"scale down to {replicas}: {why}, stable for {spec.scale_down_stabilization:g}s"
-            if replicas == 0:
-                reason = f"scale to zero: no tasks for {spec.cooldown:g}s"
-        else:
-            reason = f"hold at {current}: idle for less than the {spec.cooldown:g}s cooldown"
+        if replicas == 0 and last_demand_at is not None and now - last_demand_at < spec.cooldown and not spec.paused:
+            replicas = min(1, hi)  # idle, but not yet for the whole cooldown
+            waiting_for = f"idle for less than the {spec.cooldown:g}s cooldown"
     else:
         replicas = current
-        reason = f"hold at {current}: {why}"
         if target < current:
-            reason += f"; scale down waits for the {spec.scale_down_stabilization:g}s stabilization window"
+            waiting_for = f"scale down waits for the {spec.scale_down_stabilization:g}s stabilization window"
     replicas = min(max(replicas, lo), hi)
+    reason = _reason(spec, current, replicas, target, wanted, floored, in_flight_floor, why, waiting_for)
     new_state = ScalingState(history, last_demand_at, now if replicas != current else state.last_scale_at)
     return Decision(replicas, reason, new_state)
+
+
+def _reason(spec: ScalingSpec, current: int, replicas: int, target: int, wanted: int, floored: int,
+            in_flight_floor: int, why: str, waiting_for: str) -> str:
+    """Describe the final decision (after every clamp), so Events say what was done."""
+    if replicas > current:
+        head = f"scale up to {replicas}"
+    elif replicas < current:
+        head = "scale to zero" if replicas == 0 else f"scale down to {replicas}"
+    else:
+        head = f"hold at {current}"
+    notes = []
+    if replicas > current and replicas < target:
+        notes.append(f"step limited, target {target}")
+    if floored > target:
+        by_max_active = spec.replica_cap is not None and spec.replica_cap < max(spec.min_replicas, spec.max_replicas)
+        notes.append(f"capped at {target} by " + ("maxActive / concurrency" if by_max_active else "maxReplicas"))
+    if in_flight_floor > max(wanted, spec.lower) and replicas == in_flight_floor:
+        notes.append(f"{in_flight_floor} kept for work in flight")
+    if waiting_for:
+        notes.append(waiting_for)
+    if replicas == 0 and current > 0:
+        why = f"no tasks for {spec.cooldown:g}s" if not spec.paused else why
+    return f"{head}: {why}" + "".join(f"; {n}" for n in notes)
 
 
 def restore_state(last_scale_at: float | None, now: float, current: int) -> ScalingState:

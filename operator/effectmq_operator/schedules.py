@@ -1,166 +1,325 @@
-"""Schedule resources: definitions handed to the scheduler library, its state
-mirrored back into each Schedule's status.
+"""Schedule resources: definitions handed to the scheduler library in their Queue's
+Redis, ticks materialized there, the scheduler's state mirrored into each status.
 
-Ticks are materialized by the same `effectmq.scheduler.Scheduler` as the
-standalone CLI; tick task ids are deterministic, so two operator replicas (or a
-leader handover mid-pass) never create a tick's task twice.
+Level-based, without a finalizer: the schedules stored in a Redis are kept equal
+to the live Schedule resources whose Queue exists. A Schedule deleted while the
+operator was down, or whose Queue is gone, is removed by that comparison before
+the first tick pass on that Redis, so it never fires again. (A finalizer would
+block namespace deletion whenever the operator is not running.)
+
+Tick task ids are deterministic, so two operator replicas (or a leader handover
+mid-pass) never create a tick's task twice. Each Redis has its own tick loop with
+a deadline per pass: a paused Redis delays nothing else.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
-from kubernetes.client.rest import ApiException
-
-import effectmq
-from effectmq.scheduler import Scheduler
 from effectmq.scheduler.errors import InvalidSchedule
 from effectmq.scheduler.model import ScheduleSpec
 
-from . import builders, metrics, status as status_mod
-from .connections import ConfigProblem, Connections
-from .controller import Controller, key_of
+from . import builders, metrics
+from .connections import Connections, RedisTarget
+from .controller import Key, QueueController, Registry, _describe, backoff, key_of
 from .kube import Kube
+from .spec import InvalidSpec, QueueSpec
+from .status import Check, Problem, conditions, schedule_progress
 
 log = logging.getLogger("effectmq.operator.schedules")
-SCHEDULER_NAMESPACE = "k8s"  # schedules live under {emq-sched:k8s} in each Queue's Redis
-MIRROR_EVERY = 1.0  # seconds between status mirrors of all schedules
+RESYNC_EVERY = 60.0  # seconds between full reconciles of an unchanged Schedule
+GC_EVERY = 60.0  # seconds between comparisons of a Redis' schedules with the live resources
+
+
+@dataclass
+class ScheduleRuntime:
+    due: float = 0.0
+    failures: int = 0
+    placed: RedisTarget | None = None  # where the definition is stored
+    stored: str | None = None  # the definition as last stored there (JSON)
 
 
 class ScheduleController:
-    def __init__(self, kube: Kube, connections: Connections, queues: Controller):
+    def __init__(self, kube: Kube, connections: Connections, queues: QueueController, *,
+                 namespaces: list[str] = (), tick_every: float = 1.0, deadline: float = 10.0,
+                 concurrency: int = 16, clock: Callable[[], float] = time.monotonic):
         self.kube = kube
         self.connections = connections
         self.queues = queues
-        self.schedules: dict[tuple[str, str], dict] = {}
-        self.placed: dict[tuple[str, str], str] = {}  # schedule -> Redis URL holding it
-        self._schedulers: dict[str, Scheduler] = {}
-        self._mirrored: dict[tuple[str, str], dict] = {}
-        self._next_mirror = 0.0
+        self.namespaces = list(namespaces)
+        self.tick_every = tick_every
+        self.deadline = deadline
+        self.clock = clock
+        self.schedules = Registry()
+        self.runtime: dict[Key, ScheduleRuntime] = {}
+        self.synced = asyncio.Event()
+        self._limit = asyncio.Semaphore(concurrency)
+        self._running: dict[Key, asyncio.Task] = {}
+        self._tickers: dict[RedisTarget, asyncio.Task] = {}
+        self._removals: set[asyncio.Task] = set()
+        self._next_list = 0.0
+        queues.listeners.append(self._queue_changed)
 
-    def scheduler(self, url: str) -> Scheduler:
-        if url not in self._schedulers:
-            self._schedulers[url] = Scheduler(url, namespace=SCHEDULER_NAMESPACE)
-        return self._schedulers[url]
+    # -- registry ----------------------------------------------------------------------
 
-    async def observe(self, event_type: str | None, body: dict) -> None:
+    def nudge(self, key: Key) -> None:
+        self.runtime.setdefault(key, ScheduleRuntime()).due = 0.0
+
+    def observe(self, event_type: str | None, body: dict) -> None:
         key = key_of(body)
         if event_type == "DELETED":
-            self.schedules.pop(key, None)
-            self._mirrored.pop(key, None)
-            url = self.placed.pop(key, None)
-            if url is not None:  # no finalizer: removal is best effort, on the delete event
-                try:
-                    await self.scheduler(url).remove(builders.schedule_id(*key))
-                except effectmq.RedisUnavailable as exc:
-                    log.warning("could not remove schedule %s/%s: %s", *key, exc)
+            self.schedules.drop(body)
+            rt = self.runtime.pop(key, None)
+            if rt is not None and rt.placed is not None:
+                self._remove_soon(rt.placed, key)  # if this fails, the next GC pass removes it
             return
-        self.schedules[key] = body
+        old = self.schedules.put(body)
+        if old is None or old["metadata"].get("generation") != body["metadata"].get("generation"):
+            self.nudge(key)
 
-    async def _queue_body(self, namespace: str, name: str) -> dict | None:
-        body = self.queues.queue_body(namespace, name)
-        if body is not None:
-            return body
+    def _queue_changed(self, queue_key: Key) -> None:
+        for key, body in self.schedules.items.items():
+            if key[0] == queue_key[0] and _queue_ref(body) == queue_key[1]:
+                self.nudge(key)
+
+    def _remove_soon(self, target: RedisTarget, key: Key) -> None:
+        async def remove() -> None:
+            try:
+                await asyncio.wait_for(self.connections.scheduler(target).remove(builders.schedule_id(*key)),
+                                       self.deadline)
+            except Exception as exc:
+                log.warning("could not remove schedule %s/%s yet: %s", *key, _describe(exc, target))
+        task = asyncio.get_running_loop().create_task(remove())
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
+
+    async def relist(self) -> None:
+        self.schedules.replace_all(await self.kube.list_resources("schedules", self.namespaces))
+        for key in self.schedules.items:
+            self.runtime.setdefault(key, ScheduleRuntime())
+        self.synced.set()
+
+    # -- the loop (leader only; driven by the Queue loop's leadership) -------------------
+
+    async def run(self, is_leader: Callable[[], bool], interval: float = 0.2) -> None:
+        leading = False
         try:
-            return await asyncio.to_thread(self.kube.custom.get_namespaced_custom_object, builders.GROUP,
-                                           builders.VERSION, namespace, "queues", name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+            while True:
+                if is_leader():
+                    if not leading:
+                        leading = True
+                        for rt in self.runtime.values():
+                            rt.due, rt.stored = 0.0, None
+                    await self.step()
+                elif leading:
+                    leading = False
+                    await self._stop_tickers()
+                await asyncio.sleep(interval)
+        finally:
+            await self._stop_tickers()
 
-    async def reconcile(self, body: dict) -> dict:
-        """Validate a Schedule, find its Queue's Redis and hand the definition to the scheduler."""
-        key = key_of(body)
+    async def step(self) -> None:
+        if time.monotonic() >= self._next_list:
+            try:
+                await asyncio.wait_for(self.relist(), self.deadline)
+                self._next_list = time.monotonic() + RESYNC_EVERY
+            except Exception as exc:
+                log.warning("listing Schedules failed: %s", _describe(exc))
+                self._next_list = time.monotonic() + 2.0
+        if not (self.synced.is_set() and self.queues.synced.is_set()):
+            return
+        now = self.clock()
+        for key in list(self.schedules.items):
+            rt = self.runtime.setdefault(key, ScheduleRuntime())
+            running = self._running.get(key)
+            if rt.due <= now and (running is None or running.done()):
+                self._running[key] = asyncio.create_task(self._reconcile_bounded(key))
+        for key in [k for k, t in self._running.items() if t.done()]:
+            del self._running[key]
+        for target in set(self.queues.targets.values()) | {rt.placed for rt in self.runtime.values() if rt.placed}:
+            ticker = self._tickers.get(target)
+            if ticker is None or ticker.done():
+                self._tickers[target] = asyncio.create_task(self._tick_loop(target), name=f"ticks {target!r}")
+
+    async def _reconcile_bounded(self, key: Key) -> None:
+        rt = self.runtime.setdefault(key, ScheduleRuntime())
+        rt.due = float("inf")
+        ok = False
+        try:
+            async with self._limit:
+                body = self.schedules.items.get(key)
+                if body is not None:
+                    ok = await asyncio.wait_for(self.reconcile(key, body), self.deadline)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("%s/%s: schedule reconcile failed: %s", *key, _describe(exc, rt.placed))
+        finally:
+            if key in self.runtime:
+                rt.failures = 0 if ok else rt.failures + 1
+                rt.due = self.clock() + (RESYNC_EVERY if ok else backoff(rt.failures, 30.0))
+
+    async def reconcile(self, key: Key, body: dict) -> bool:
+        """Validate a Schedule, place it in its Queue's Redis (or take it out), write its status."""
         namespace, name = key
+        rt = self.runtime.setdefault(key, ScheduleRuntime())
         spec = body.get("spec") or {}
-        generation = body["metadata"].get("generation")
-        self.schedules[key] = body
-        checks: list[tuple[str, bool, str, str]] = []
+        checks: list[Check] = []
+        problem: Problem | None = None
         progress: dict[str, Any] = {}
-        problem: tuple[str, str] | None = None
+        target: RedisTarget | None = None
+        definition = None
         try:
             definition = ScheduleSpec.from_json(builders.schedule_spec(namespace, name, spec))
-            checks.append(("ScheduleValid", True, "Valid", f"{definition.cron} in {definition.timezone}"))
+            checks.append(Check.of("ScheduleValid", True, "Valid", f"{definition.cron} in {definition.timezone}"))
         except InvalidSchedule as exc:
-            definition = None
-            problem = ("InvalidSchedule", str(exc))
-            checks.append(("ScheduleValid", False, *problem))
-        queue_ref = (spec.get("queueRef") or {}).get("name", "")
-        queue = await self._queue_body(namespace, queue_ref)
-        if queue is None:
-            problem = problem or ("QueueNotFound", f"Queue {namespace}/{queue_ref} not found")
-            checks.append(("QueueFound", False, "QueueNotFound", f"Queue {namespace}/{queue_ref} not found"))
+            problem = Problem("InvalidSchedule", str(exc), permanent=True)
+            checks.append(Check.of("ScheduleValid", False, problem.reason, problem.message))
+        queue_name = _queue_ref(body)
+        queue = self.queues.queues.items.get((namespace, queue_name))
+        if queue is None or queue["metadata"].get("deletionTimestamp"):
+            found = Problem("QueueNotFound", f"Queue {namespace}/{queue_name} not found", permanent=True)
+            checks.append(Check.of("QueueFound", False, found.reason, found.message))
+            problem = problem or found
         else:
-            checks.append(("QueueFound", True, "Found", f"Queue {namespace}/{queue_ref}"))
+            checks.append(Check.of("QueueFound", True, "Found", f"Queue {namespace}/{queue_name}"))
             try:
-                url = await self.connections.redis_url(namespace, (queue.get("spec") or {}).get("redis") or {})
-                if definition is not None:
-                    old = self.placed.get(key)
-                    if old is not None and old != url:
-                        await self.scheduler(old).remove(definition.id)
-                    state = await self.scheduler(url).put(definition)
-                    self.placed[key] = url
-                    progress = status_mod.schedule_progress(state)
-                checks.append(("RedisReachable", True, "Connected", "schedule stored in the Queue's Redis"))
-            except ConfigProblem as exc:
-                problem = problem or (exc.reason, exc.message)
-                checks.append(("RedisReachable", False, exc.reason, exc.message))
-            except effectmq.RedisUnavailable as exc:
-                problem = problem or ("RedisUnreachable", str(exc))
-                checks.append(("RedisReachable", False, "RedisUnreachable", str(exc)))
-        if definition is None and key in self.placed:  # an invalid edit stops the old definition
-            await self.scheduler(self.placed.pop(key)).remove(builders.schedule_id(namespace, name))
-        if problem:
-            self.queues.post_event(body, type="Warning", reason=problem[0], message=problem[1])
-        result = {**status_mod.schedule_status(generation=generation, previous=body.get("status") or {},
-                                               checks=checks), **progress}
-        await self._patch(key, result)
-        return result
-
-    async def _patch(self, key: tuple[str, str], patch: dict) -> None:
+                target = await self.connections.target(namespace, QueueSpec.parse(queue.get("spec"), queue_name).redis)
+            except InvalidSpec as exc:
+                unusable = Problem("QueueInvalid", f"Queue {namespace}/{queue_name}: {exc}", permanent=True)
+                checks.append(Check.of("RedisReachable", False, unusable.reason, unusable.message))
+                problem = problem or unusable
+            except Exception as exc:
+                unusable = self.connections.problem(exc)
+                checks.append(Check.of("RedisReachable", False, unusable.reason, unusable.message))
+                problem = problem or unusable
+        retry = False
         try:
-            await self.kube.patch_status("schedules", key[0], key[1], patch)
-        except ApiException as exc:
-            if exc.status != 404:
+            if rt.placed is not None and (definition is None or target is None or rt.placed != target):
+                await self.connections.scheduler(rt.placed).remove(builders.schedule_id(*key))
+                rt.placed, rt.stored = None, None
+            if definition is not None and target is not None:
+                stored = json.dumps(definition.to_json(), sort_keys=True)
+                scheduler = self.connections.scheduler(target)
+                if rt.stored != stored:
+                    state = await scheduler.put(definition)
+                    rt.placed, rt.stored = target, stored
+                else:
+                    state = await scheduler.status(definition.id)
+                if state is not None:
+                    progress = schedule_progress(state)
+                checks.append(Check.of("RedisReachable", True, "Connected", "schedule stored in the Queue's Redis"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            unreachable = self.connections.problem(exc, target or rt.placed)
+            checks.append(Check.of("RedisReachable", False, unreachable.reason, unreachable.message))
+            problem = problem or unreachable
+            retry = True
+        await self._write(key, body, checks, problem, progress)
+        return not retry
+
+    async def _write(self, key: Key, body: dict, checks: list[Check], problem: Problem | None,
+                     progress: dict[str, Any]) -> None:
+        generation = body["metadata"].get("generation")
+        previous = body.get("status") or {}
+        status = {**progress, "observedGeneration": generation,
+                  "conditions": conditions(checks, problem, generation, previous.get("conditions"))}
+        if any(previous.get(k) != v for k, v in status.items()):
+            written = await self.kube.patch_status("schedules", key[0], key[1], status)
+            if written is not None:
+                self.schedules.put(written)
+        was = next((c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), None)
+        if problem is not None and (was is None or (was.get("reason"), was.get("message"))
+                                    != (problem.reason, problem.message)):
+            try:
+                await self.kube.post_event(body, type="Warning", reason=problem.reason, message=problem.message)
+            except Exception as exc:
+                log.warning("could not post Event %s on %s/%s: %s", problem.reason, *key, _describe(exc))
+
+    # -- ticks, per Redis ------------------------------------------------------------------
+
+    def _wanted(self, target: RedisTarget) -> set[str]:
+        """Ids of schedules that may live in this Redis: live resources whose Queue exists
+        there (or whose Queue's Redis is not resolved yet, so nothing valid is removed)."""
+        wanted = set()
+        for (namespace, name), body in self.schedules.items.items():
+            queue_key = (namespace, _queue_ref(body))
+            if queue_key in self.queues.queues.items and self.queues.targets.get(queue_key, target) == target:
+                wanted.add(builders.schedule_id(namespace, name))
+        return wanted
+
+    def _ours(self, schedule_id: str) -> bool:
+        return not self.namespaces or schedule_id.split("/", 1)[0] in self.namespaces
+
+    async def collect_garbage(self, target: RedisTarget) -> int:
+        """Remove stored schedules that no live resource wants; returns how many."""
+        scheduler = self.connections.scheduler(target)
+        wanted = self._wanted(target)
+        removed, after = 0, None
+        while True:
+            ids = await scheduler.store.ids(after=after, limit=1000)
+            if not ids:
+                return removed
+            for schedule_id in ids:
+                if self._ours(schedule_id) and schedule_id not in wanted:
+                    await scheduler.remove(schedule_id)
+                    removed += 1
+                    log.info("removed schedule %s: no live Schedule resource wants it in %r", schedule_id, target)
+            after = ids[-1]
+
+    async def _tick_loop(self, target: RedisTarget) -> None:
+        next_gc = 0.0
+        failures = 0
+        while True:
+            try:
+                if time.monotonic() >= next_gc:  # always before the first pass
+                    await asyncio.wait_for(self.collect_garbage(target), self.deadline)
+                    next_gc = time.monotonic() + GC_EVERY
+                report = await asyncio.wait_for(self.connections.scheduler(target).tick(), self.deadline)
+                failures = 0
+                touched = {m.schedule_id for m in report.materialized} | set(report.errors)
+                for m in report.materialized:
+                    if m.created:
+                        metrics.TICKS.labels(m.schedule_id).inc()
+                if touched:
+                    await self._mirror(target, sorted(touched))
+                await asyncio.sleep(0 if report.more else self.tick_every)
+            except asyncio.CancelledError:
                 raise
+            except Exception as exc:
+                failures += 1
+                if failures in (1, 10) or failures % 60 == 0:
+                    log.warning("schedule pass on %r failed: %s", target, _describe(exc, target))
+                await asyncio.sleep(backoff(failures, 10.0))
 
-    async def tick(self) -> None:
-        """Materialize due ticks in every Redis that holds schedules, then mirror status."""
-        for url in set(self.placed.values()):
-            try:
-                report = await self.scheduler(url).tick()
-            except effectmq.RedisUnavailable as exc:
-                log.warning("schedule pass skipped for %s: %s", url, exc)
+    async def _mirror(self, target: RedisTarget, schedule_ids: list[str]) -> None:
+        """Copy the scheduler's state of the schedules a pass touched into their status."""
+        states = await self.connections.scheduler(target).statuses(schedule_ids)
+        for schedule_id, state in zip(schedule_ids, states):
+            key = tuple(schedule_id.split("/", 1))
+            body = self.schedules.items.get(key)
+            if state is None or body is None:
                 continue
-            for m in report.materialized:
-                if m.created:
-                    metrics.TICKS.labels(m.schedule_id).inc()
-        if time.monotonic() >= self._next_mirror:
-            self._next_mirror = time.monotonic() + MIRROR_EVERY
-            await self.mirror()
+            progress = schedule_progress(state)
+            if any((body.get("status") or {}).get(k) != v for k, v in progress.items()):
+                written = await self.kube.patch_status("schedules", key[0], key[1], progress)
+                if written is not None:
+                    self.schedules.put(written)
 
-    async def mirror(self) -> None:
-        by_url: dict[str, list[tuple[str, str]]] = {}
-        for key, url in self.placed.items():
-            by_url.setdefault(url, []).append(key)
-        for url, keys in by_url.items():
-            try:
-                states = await self.scheduler(url).store.statuses([builders.schedule_id(*k) for k in keys])
-            except effectmq.RedisUnavailable:
-                continue
-            for key, state in zip(keys, states):
-                if state is None:
-                    continue
-                progress = status_mod.schedule_progress(state)
-                if self._mirrored.get(key) != progress:
-                    await self._patch(key, progress)
-                    self._mirrored[key] = progress
+    async def _stop_tickers(self) -> None:
+        tasks = list(self._tickers.values()) + list(self._running.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tickers.clear()
+        self._running.clear()
 
-    async def close(self) -> None:
-        for scheduler in self._schedulers.values():
-            await scheduler.close()
-        self._schedulers.clear()
+
+def _queue_ref(body: dict) -> str:
+    return ((body.get("spec") or {}).get("queueRef") or {}).get("name", "")

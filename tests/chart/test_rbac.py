@@ -26,15 +26,14 @@ LEASE = f"{FULLNAME}"
 
 # What the operator does in a namespace it serves (see charts/effectmq/templates/rbac.yaml).
 SERVED = {
-    "queues.effectmq.io": ["get", "list", "watch", "patch"],
-    "schedules.effectmq.io": ["list", "watch", "patch"],
+    "queues.effectmq.io": ["list", "watch"],
+    "schedules.effectmq.io": ["list", "watch"],
     "queues.effectmq.io/status": ["patch"],
     "schedules.effectmq.io/status": ["patch"],
-    "deployments.apps": ["get", "create", "patch"],
-    "deployments.apps/scale": ["patch"],
+    "deployments.apps": ["list", "watch", "create", "patch", "delete"],
     "pods": ["list", "patch"],
     "secrets": ["get"],
-    "events": ["create"],
+    "events": ["create", "patch"],
 }
 CRDS = {"customresourcedefinitions.apiextensions.k8s.io": ["list", "watch"]}
 NAMESPACES = {"namespaces": ["list", "watch"]}

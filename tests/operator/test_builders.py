@@ -7,6 +7,7 @@ import yaml
 
 import effectmq
 from effectmq_operator import builders, status
+from effectmq_operator.spec import QueueSpec
 from tests.support.processes import ROOT
 
 QUEUE = yaml.safe_load((ROOT / "examples/k8s/queue.yaml").read_text())
@@ -18,7 +19,7 @@ def env_of(deployment):
 
 
 def test_worker_deployment_runs_the_queue_handlers():
-    d = builders.worker_deployment("shop", "emails", QUEUE["spec"], 3, owner=OWNER)
+    d = builders.worker_deployment("shop", "emails", QueueSpec.parse(QUEUE["spec"]), 3, owner=OWNER)
     pod = d["spec"]["template"]["spec"]
     c = pod["containers"][0]
     assert (d["metadata"]["name"], d["spec"]["replicas"]) == ("emails-worker", 3)
@@ -46,7 +47,7 @@ def test_secret_url_tls_and_pod_template_overrides():
                                    "tolerations": [{"key": "jobs", "operator": "Exists"}],
                                    "labels": {"team": "x"}, "annotations": {"a": "b"}}},
     }
-    d = builders.worker_deployment("ns", "q", spec, 0)
+    d = builders.worker_deployment("ns", "q", QueueSpec.parse(spec), 0)
     env = env_of(d)
     assert env["EFFECTMQ_REDIS_URL"]["valueFrom"] == {"secretKeyRef": {"name": "redis", "key": "url"}}
     assert env["EFFECTMQ_REDIS_TLS"]["value"] == "true"
@@ -67,28 +68,56 @@ def test_drain_timeout_leaves_a_margin(grace, drain):
 
 
 def test_queue_settings_from_the_spec():
-    settings = builders.queue_settings({**QUEUE["spec"], "retry": {"backoff": "Exponential", "initialDelaySeconds": 2}})
+    settings = builders.queue_settings(QueueSpec.parse(
+        {**QUEUE["spec"], "retry": {"backoff": "Exponential", "initialDelaySeconds": 2}}))
     assert settings["max_retries"] == 5 and settings["lock_timeout"] == 30 and settings["paused"] is False
     assert isinstance(settings["retry"], effectmq.Exponential)
-    assert builders.queue_settings({})["max_retries"] is None  # unset: the queue's default
+    bare = QueueSpec.parse({"redis": {"url": "redis://r:6379/0"}})
+    assert builders.queue_settings(bare)["max_retries"] is None  # unset: the queue's default
+
+
+def test_user_env_overrides_an_operator_variable_in_place():
+    spec = QueueSpec.parse({**QUEUE["spec"], "worker": {**QUEUE["spec"]["worker"], "env": [
+        {"name": "EFFECTMQ_CONCURRENCY", "value": "3"}, {"name": "LOG_LEVEL", "value": "debug"},
+        {"name": "LOG_LEVEL", "value": "warning"}]}})
+    env = builders.worker_env("shop", "emails", spec)
+    names = [e["name"] for e in env]
+    assert len(names) == len(set(names)), names  # duplicate names make server-side apply fail
+    by_name = {e["name"]: e for e in env}
+    assert by_name["EFFECTMQ_CONCURRENCY"] == {"name": "EFFECTMQ_CONCURRENCY", "value": "3"}
+    assert by_name["LOG_LEVEL"]["value"] == "warning"
+    assert names.index("EFFECTMQ_CONCURRENCY") < names.index("EFFECTMQ_LOCK_TIMEOUT")  # kept in place
+
+
+def test_spec_hash_ignores_replicas_and_follows_everything_else():
+    spec = QueueSpec.parse(QUEUE["spec"])
+    a = builders.worker_deployment("shop", "emails", spec, 1, owner=OWNER)
+    b = builders.worker_deployment("shop", "emails", spec, 7, owner=OWNER)
+    assert a["metadata"]["annotations"][builders.SPEC_HASH] == b["metadata"]["annotations"][builders.SPEC_HASH]
+    other = QueueSpec.parse({**QUEUE["spec"], "worker": {**QUEUE["spec"]["worker"], "image": "w:2"}})
+    c = builders.worker_deployment("shop", "emails", other, 1, owner=OWNER)
+    assert c["metadata"]["annotations"][builders.SPEC_HASH] != a["metadata"]["annotations"][builders.SPEC_HASH]
 
 
 def test_conditions_keep_transition_time_until_status_flips():
     t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
     t1 = datetime(2026, 1, 2, tzinfo=timezone.utc)
-    first = status.queue_status(generation=1, previous={}, redis_ok=True, redis_reason="Connected",
-                                redis_message="ok", deployment_ok=True, deployment_message="ok", now=t0)
-    ready = {c["type"]: c for c in first["conditions"]}
-    assert ready["Ready"]["status"] == "True" and ready["Ready"]["observedGeneration"] == 1
-    second = status.queue_status(generation=2, previous=first, redis_ok=True, redis_reason="Connected",
-                                 redis_message="ok", deployment_ok=True, deployment_message="ok", now=t1)
-    assert {c["type"]: c for c in second["conditions"]}["Ready"]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
-    third = status.queue_status(generation=2, previous=second, redis_ok=False, redis_reason="SecretNotFound",
-                                redis_message="Secret shop/redis not found", deployment_ok=True,
-                                deployment_message="ok", now=t1)
-    by_type = {c["type"]: c for c in third["conditions"]}
-    assert by_type["Ready"]["status"] == "False" and by_type["Ready"]["reason"] == "SecretNotFound"
-    assert by_type["Ready"]["lastTransitionTime"] == "2026-01-02T00:00:00Z"
+    ok = [status.Check.of("RedisReachable", True, "Connected", "ok")]
+    first = status.conditions(ok, None, 1, [], t0)
+    by_type = {c["type"]: c for c in first}
+    assert by_type["Ready"]["status"] == "True" and by_type["Ready"]["observedGeneration"] == 1
+    assert (by_type["Reconciling"]["status"], by_type["Stalled"]["status"]) == ("False", "False")
+    second = status.conditions(ok, None, 2, first, t1)
+    assert {c["type"]: c for c in second}["Ready"]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert second == status.conditions(ok, None, 2, second, t1)  # twice: nothing changes
+    missing = status.Problem("SecretNotFound", "Secret shop/redis not found", permanent=True)
+    third = {c["type"]: c for c in status.conditions(ok, missing, 2, second, t1)}
+    assert third["Ready"]["status"] == "False" and third["Ready"]["reason"] == "SecretNotFound"
+    assert third["Ready"]["lastTransitionTime"] == "2026-01-02T00:00:00Z"
+    assert (third["Stalled"]["status"], third["Reconciling"]["status"]) == ("True", "False")
+    down = status.Problem("RedisUnreachable", "Redis unreachable")
+    fourth = {c["type"]: c for c in status.conditions(ok, down, 2, list(third.values()), t1)}
+    assert (fourth["Stalled"]["status"], fourth["Reconciling"]["status"]) == ("False", "True")
 
 
 @pytest.mark.parametrize("spec, expected", [

@@ -133,8 +133,8 @@ def test_scaling_follows_the_backlog(kube_control_plane, kube_namespace, start_o
     assert f'effectmq_operator_desired_replicas{{queue="{ns}/bulk"}} 10.0' in metrics
     assert f'effectmq_operator_scale_decisions_total{{direction="up",queue="{ns}/bulk"}}' in metrics
 
-    # Busy pods are protected on scale-in: the pod whose worker announces work in flight
-    # gets a higher deletion cost (pods exist, Pending: this control plane has no kubelet).
+    # Busy pods are protected on scale-in: before scaling in, the pod whose worker announces
+    # work in flight gets a higher deletion cost (pods exist, Pending: no kubelet here).
     pods = wait_for(lambda: plane.kubectl_json("get", "pods", "-n", ns, "-l",
                                                "app.kubernetes.io/instance=bulk")["items"], what="worker pods")
     busy_pod = pods[0]["metadata"]["name"]
@@ -143,10 +143,6 @@ def test_scaling_follows_the_backlog(kube_control_plane, kube_namespace, start_o
     beat.run_until_complete(announcer.worker_beat(busy_pod, 7, 16, ttl=60))
     cost = lambda: (get(plane, ns, "pod", busy_pod)["metadata"].get("annotations") or {}).get(  # noqa: E731
         "controller.kubernetes.io/pod-deletion-cost")
-    wait_for(lambda: cost() == "7", timeout=10, what="deletion cost of the busy pod")
-    beat.run_until_complete(announcer.worker_beat(busy_pod, -1, 16, ttl=60))
-    beat.run_until_complete(announcer.close())
-    beat.close()
 
     # Drain the queue, but keep 25 tasks leased by a worker process that announces them.
     leased = []
@@ -170,6 +166,10 @@ def test_scaling_follows_the_backlog(kube_control_plane, kube_namespace, start_o
     status = wait_for(lambda: (s := get(plane, ns, "queue", "bulk")["status"]).get("desiredReplicas") == 2 and s,
                       timeout=5, what="status after scaling down")
     assert status["backlog"]["active"] == 25 and "scale down to 2" in status["lastScaleReason"]
+    assert cost() == "7"  # set before the scale-in, so the ReplicaSet removed idle pods first
+    beat.run_until_complete(announcer.worker_beat(busy_pod, -1, 16, ttl=60))
+    beat.run_until_complete(announcer.close())
+    beat.close()
 
     # Work done, worker gone: to zero only after the cooldown.
     async def finish():

@@ -79,3 +79,34 @@ def test_recommendation_history_is_bounded_by_the_window():
     for t in range(0, 1000, 10):
         state = decide(SPEC, Observation(100, 0, 1), state, now=t).state
     assert len(state.recommendations) <= SPEC.scale_down_stabilization / 10 + 1
+
+
+def test_paused_scales_to_min_at_once_and_keeps_busy_workers():
+    paused = ScalingSpec(min_replicas=1, max_replicas=20, target_tasks_per_replica=50, concurrency=10, paused=True,
+                         scale_down_stabilization=300)
+    d = decide(paused, Observation(615, 0, 13), ScalingState(), now=0)
+    assert d.replicas == 1 and d.reason.startswith("scale down to 1: queue paused")
+    d = decide(paused, Observation(615, 25, 13, busy_workers=4), ScalingState(), now=0)
+    assert d.replicas == 4 and "4 kept for work in flight" in d.reason
+
+
+def test_max_active_caps_replicas_and_the_reason_says_so():
+    capped = ScalingSpec(min_replicas=0, max_replicas=20, target_tasks_per_replica=10, concurrency=4, replica_cap=2)
+    d = decide(capped, Observation(1000, 0, 1), ScalingState(), now=0)
+    assert d.replicas == 2 and d.reason.startswith("scale up to 2") and "capped at 2 by maxActive" in d.reason
+    d = decide(capped, Observation(1000, 0, 6), ScalingState(), now=0)  # lowered maxActive: down at once
+    assert d.replicas == 2 and d.reason.startswith("scale down to 2")
+
+
+@pytest.mark.parametrize("seen", [Observation(1000, 0, 2), Observation(0, 0, 5), Observation(3, 30, 0),
+                                  Observation(50, 0, 20), Observation(0, 0, 0)])
+def test_the_reason_names_the_replicas_of_the_decision(seen):
+    for spec in (SPEC, ScalingSpec(max_replicas=3, replica_cap=2, concurrency=5), ScalingSpec(paused=True)):
+        d = decide(spec, seen, ScalingState(), now=1000.0)
+        head = d.reason.split(":")[0]
+        if d.replicas > seen.current_replicas:
+            assert head == f"scale up to {d.replicas}"
+        elif d.replicas < seen.current_replicas:
+            assert head in (f"scale down to {d.replicas}", "scale to zero")
+        else:
+            assert head == f"hold at {d.replicas}"

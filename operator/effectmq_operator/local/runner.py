@@ -26,7 +26,8 @@ import effectmq
 from effectmq.scheduler import Scheduler
 from effectmq.scheduler.model import ScheduleSpec
 
-from .. import builders, scaling
+from .. import builders, control, scaling
+from ..spec import InvalidSpec, QueueSpec
 from . import view
 from .manifests import Resource
 
@@ -107,7 +108,7 @@ class WorkerProc:
 class LocalQueue:
     resource: Resource
     queue: effectmq.TaskQueue
-    spec: scaling.ScalingSpec
+    spec: QueueSpec
     env: dict[str, str]
     argv: list[str]
     workers: list[WorkerProc] = field(default_factory=list)
@@ -124,7 +125,7 @@ class LocalQueue:
 def worker_env(resource: Resource, redis_url: str, worker_name: str) -> dict[str, str]:
     """The Deployment's environment, with what only a cluster provides resolved locally."""
     env: dict[str, str] = {}
-    for var in builders.worker_env(resource.namespace, resource.name, resource.spec):
+    for var in builders.worker_env(resource.namespace, resource.name, QueueSpec.parse(resource.spec, resource.name)):
         if var["name"] == "EFFECTMQ_REDIS_URL":
             env[var["name"]] = redis_url  # the local Redis, whatever the manifest says
         elif var["name"] == "EFFECTMQ_METRICS_PORT":
@@ -167,15 +168,16 @@ class LocalRunner:
         base = [executable] if executable else [sys.executable, "-m", "effectmq"]
         for r in (r for r in self.resources if r.kind == "Queue"):
             qname = builders.queue_name(r.namespace, r.name)
+            try:
+                spec = QueueSpec.parse(r.spec, r.name)
+            except InvalidSpec as exc:
+                raise LocalError(f"{r.source}: Queue {r.name}: {exc}") from None
+            if spec.worker is None:
+                raise LocalError(f"{r.source}: Queue {r.name}: spec.worker (image, handlers) is needed to run workers")
             q = effectmq.TaskQueue(qname, url=self.redis_url)
             await q.ping()
-            await q.configure(**builders.queue_settings(r.spec))
-            worker = r.spec.get("worker") or {}
-            if not worker.get("handlers"):
-                raise LocalError(f"{r.source}: Queue {r.name}: spec.worker.handlers is needed to run workers")
-            self.queues[qname] = LocalQueue(
-                r, q, scaling.ScalingSpec.from_crd(r.spec.get("scaling") or {}, worker.get("concurrency", 10)),
-                env={}, argv=base + ["worker", worker["handlers"]])
+            await q.configure(**builders.queue_settings(spec))
+            self.queues[qname] = LocalQueue(r, q, spec, env={}, argv=base + ["worker", spec.worker.handlers])
         self.scheduler = Scheduler(self.redis_url, namespace=SCHEDULER_NAMESPACE)
         wanted = set()
         for r in (r for r in self.resources if r.kind == "Schedule"):
@@ -206,9 +208,8 @@ class LocalRunner:
         stats = await lq.queue.stats()
         announced = await lq.queue.workers()
         running = lq.running
-        busy = sum(1 for w in running if announced.get(w.name, (0, 0))[0] > 0)
-        decision = scaling.decide(lq.spec, scaling.Observation(stats.waiting, stats.active, len(running), busy),
-                                  lq.state, now)
+        mine = {w.name: announced[w.name] for w in running if w.name in announced}
+        decision = control.scale(lq.spec, stats, mine, len(running), lq.state, now)
         lq.state = decision.state
         if decision.replicas != len(running):
             lq.last_reason = decision.reason
@@ -245,7 +246,7 @@ class LocalRunner:
                 now = time.monotonic()
                 for lq in self.queues.values():
                     if now >= lq.next_poll:
-                        lq.next_poll = now + min(lq.spec.poll_interval, 5.0)
+                        lq.next_poll = now + min(lq.spec.scaling.poll_interval, 5.0)
                         await self._maintain(lq)
                         await self._scale(lq, now)
                 report = await self.scheduler.tick()

@@ -1,0 +1,226 @@
+"""Queue resources parsed once into typed specs (no I/O).
+
+The API server fills the CRD's schema defaults, but the local runner reads YAML
+files that never went through it, so the defaults live here too, in one table
+that a test holds against the CRD (`tests/operator/test_spec.py`). Everything
+downstream (builders, scaling, the control core) takes these types instead of
+`.get(...) or {}` chains.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .scaling import ScalingSpec
+
+# Schema defaults of crds/queue.yaml, by field path under spec.
+QUEUE_DEFAULTS: dict[str, Any] = {
+    "redis.tls.enabled": False,
+    "redis.tls.insecureSkipVerify": False,
+    "paused": False,
+    "maxActive": 0,
+    "lockTimeoutSeconds": 30,
+    "lockRefreshSeconds": 10,
+    "maxStalledCount": 1,
+    "retry": {},
+    "retry.backoff": "Exponential",
+    "retry.initialDelaySeconds": 1,
+    "retry.maxDelaySeconds": 300,
+    "retry.jitter": True,
+    "retention": {},
+    "retention.completedSeconds": 86400,
+    "retention.failedSeconds": 604800,
+    "worker.concurrency": 10,
+    "worker.terminationGracePeriodSeconds": 60,
+    "worker.progressDeadlineSeconds": 600,
+    "scaling": {},
+    "scaling.minReplicas": 0,
+    "scaling.maxReplicas": 10,
+    "scaling.targetTasksPerReplica": 50,
+    "scaling.activationTasks": 1,
+    "scaling.pollIntervalSeconds": 10,
+    "scaling.scaleDownStabilizationSeconds": 300,
+    "scaling.cooldownSeconds": 300,
+}
+
+# A Queue's name is the value of its worker pods' app.kubernetes.io/instance label.
+MAX_QUEUE_NAME = 63
+
+
+class InvalidSpec(ValueError):
+    """A spec the operator cannot act on; the message names the field."""
+
+
+@dataclass(frozen=True)
+class SecretKeyRef:
+    name: str
+    key: str
+
+    @classmethod
+    def parse(cls, value: Any, where: str) -> "SecretKeyRef | None":
+        if value is None:
+            return None
+        ref = value.get("secretKeyRef") if isinstance(value, Mapping) else None
+        if not isinstance(ref, Mapping) or not ref.get("name") or not ref.get("key"):
+            raise InvalidSpec(f"{where}.secretKeyRef needs name and key")
+        return cls(str(ref["name"]), str(ref["key"]))
+
+
+@dataclass(frozen=True)
+class TlsSpec:
+    enabled: bool = False
+    insecure_skip_verify: bool = False
+    ca_from: SecretKeyRef | None = None
+
+
+@dataclass(frozen=True)
+class RedisSpec:
+    url: str | None = None
+    url_from: SecretKeyRef | None = None
+    tls: TlsSpec = TlsSpec()
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    image: str
+    handlers: str
+    concurrency: int = 10
+    env: tuple[dict, ...] = ()
+    resources: dict = field(default_factory=dict)
+    termination_grace_seconds: int = 60
+    progress_deadline_seconds: int = 600
+    pod_template: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    redis: RedisSpec
+    worker: WorkerSpec | None
+    scaling: ScalingSpec
+    paused: bool = False
+    max_active: int = 0
+    lock_timeout: int = 30
+    lock_refresh: int = 10
+    max_retries: int | None = None
+    max_stalled_count: int = 1
+    retry: dict = field(default_factory=dict)
+    retention_completed: int = 86400
+    retention_failed: int = 604800
+
+    @property
+    def replica_cap(self) -> int | None:
+        """maxActive bounds useful replicas: more pods than ceil(maxActive / concurrency) would idle."""
+        if self.max_active <= 0:
+            return None
+        return math.ceil(self.max_active / (self.worker.concurrency if self.worker else 1))
+
+    @classmethod
+    def parse(cls, spec: Mapping[str, Any] | None, name: str = "") -> "QueueSpec":
+        """Parse a Queue's spec (defaults filled in); InvalidSpec names what is wrong."""
+        if name and len(name) > MAX_QUEUE_NAME:
+            raise InvalidSpec(f"metadata.name: at most {MAX_QUEUE_NAME} characters "
+                              f"(it is a label value of the worker pods), got {len(name)}")
+        s = _Reader(spec or {}, "spec")
+        redis = s.section("redis")
+        tls = redis.section("tls")
+        redis_spec = RedisSpec(
+            url=redis.str("url") or None,
+            url_from=SecretKeyRef.parse(redis.raw("urlFrom"), "spec.redis.urlFrom"),
+            tls=TlsSpec(tls.bool("enabled"), tls.bool("insecureSkipVerify"),
+                        SecretKeyRef.parse(tls.raw("caFrom"), "spec.redis.tls.caFrom")),
+        )
+        if (redis_spec.url is None) == (redis_spec.url_from is None):
+            raise InvalidSpec("spec.redis: exactly one of url and urlFrom.secretKeyRef must be set")
+        worker = None
+        if s.raw("worker") is not None:
+            w = s.section("worker")
+            image, handlers = w.str("image"), w.str("handlers")
+            if not image or not handlers:
+                raise InvalidSpec("spec.worker needs image and handlers")
+            env = w.raw("env") or []
+            if not isinstance(env, list) or not all(isinstance(e, Mapping) and e.get("name") for e in env):
+                raise InvalidSpec("spec.worker.env: a list of EnvVar objects, each with a name")
+            worker = WorkerSpec(
+                image=image, handlers=handlers, concurrency=w.int("concurrency", minimum=1),
+                env=tuple(dict(e) for e in env), resources=dict(w.raw("resources") or {}),
+                termination_grace_seconds=w.int("terminationGracePeriodSeconds"),
+                progress_deadline_seconds=w.int("progressDeadlineSeconds", minimum=1),
+                pod_template=dict(w.raw("podTemplate") or {}),
+            )
+        sc = s.section("scaling")
+        concurrency = worker.concurrency if worker else 1
+        max_active = s.int("maxActive")
+        scaling = ScalingSpec(
+            min_replicas=sc.int("minReplicas"), max_replicas=sc.int("maxReplicas"),
+            target_tasks_per_replica=sc.int("targetTasksPerReplica", minimum=1),
+            activation_tasks=sc.int("activationTasks"), poll_interval=float(sc.int("pollIntervalSeconds", minimum=1)),
+            scale_down_stabilization=float(sc.int("scaleDownStabilizationSeconds")),
+            cooldown=float(sc.int("cooldownSeconds")), concurrency=concurrency, paused=s.bool("paused"),
+            replica_cap=math.ceil(max_active / concurrency) if max_active > 0 else None,
+        )
+        if scaling.min_replicas > scaling.max_replicas:
+            raise InvalidSpec("spec.scaling.minReplicas must be less than or equal to spec.scaling.maxReplicas")
+        lock_timeout, lock_refresh = s.int("lockTimeoutSeconds", minimum=1), s.int("lockRefreshSeconds", minimum=1)
+        if lock_refresh >= lock_timeout:
+            raise InvalidSpec("spec.lockRefreshSeconds must be less than spec.lockTimeoutSeconds")
+        retention = s.section("retention")
+        return cls(
+            redis=redis_spec, worker=worker, scaling=scaling, paused=scaling.paused, max_active=max_active,
+            lock_timeout=lock_timeout, lock_refresh=lock_refresh,
+            max_retries=None if s.raw("maxRetries") is None else s.int("maxRetries"),
+            max_stalled_count=s.int("maxStalledCount"), retry=s.section("retry").filled(),
+            retention_completed=retention.int("completedSeconds"), retention_failed=retention.int("failedSeconds"),
+        )
+
+
+class _Reader:
+    """Reads one section of a spec, with the defaults of QUEUE_DEFAULTS and errors naming the field."""
+
+    def __init__(self, data: Any, path: str):
+        if not isinstance(data, Mapping):
+            raise InvalidSpec(f"{path}: must be an object")
+        self.data = data
+        self.path = path
+        self.prefix = path.removeprefix("spec").removeprefix(".")
+
+    def _default_key(self, key: str) -> str:
+        return f"{self.prefix}.{key}" if self.prefix else key
+
+    def raw(self, key: str) -> Any:
+        value = self.data.get(key)
+        return QUEUE_DEFAULTS.get(self._default_key(key)) if value is None else value
+
+    def section(self, key: str) -> "_Reader":
+        value = self.raw(key)
+        return _Reader({} if value is None else value, f"{self.path}.{key}")
+
+    def filled(self) -> dict:
+        """This section with its defaults filled in."""
+        out = {k.rsplit(".", 1)[1]: v for k, v in QUEUE_DEFAULTS.items()
+               if k.startswith(self.prefix + ".") and k.count(".") == self.prefix.count(".") + 1}
+        out.update(self.data)
+        return out
+
+    def str(self, key: str) -> str:
+        value = self.raw(key)
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise InvalidSpec(f"{self.path}.{key}: must be a string")
+        return value
+
+    def bool(self, key: str) -> bool:
+        value = self.raw(key)
+        if not isinstance(value, bool):
+            raise InvalidSpec(f"{self.path}.{key}: must be true or false")
+        return value
+
+    def int(self, key: str, minimum: int = 0) -> int:
+        value = self.raw(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+            raise InvalidSpec(f"{self.path}.{key}: must be an integer")
+        if value < minimum:
+            raise InvalidSpec(f"{self.path}.{key}: must be >= {minimum}")
+        return int(value)

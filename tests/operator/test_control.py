@@ -1,0 +1,89 @@
+"""The control core: honest status, Events that match the action, pod costs."""
+
+from datetime import datetime, timezone
+
+from effectmq_operator import control, scaling
+from effectmq_operator.status import Problem
+
+NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
+
+
+class Stats:
+    waiting, delayed, active, failed, completed, oldest_waiting_seconds = 12, 0, 2, 1, 40, 3.25
+
+
+def deployment(replicas=2, generation=3, observed=3, updated=2, available=2, progressing=None):
+    conditions = [progressing] if progressing else []
+    return {"metadata": {"generation": generation}, "spec": {"replicas": replicas},
+            "status": {"observedGeneration": observed, "replicas": replicas, "updatedReplicas": updated,
+                       "availableReplicas": available, "readyReplicas": available, "conditions": conditions}}
+
+
+def conds(plan):
+    return {c["type"]: (c["status"], c["reason"]) for c in plan.status["conditions"]}
+
+
+def test_ready_only_when_the_deployment_is_rolled_out():
+    facts = control.QueueFacts(stats=Stats(), deployment=control.DeploymentFacts.of(deployment()))
+    plan = control.plan(facts, generation=4, previous={}, decision=None, replicas_before=None, now=NOW)
+    assert conds(plan)["Ready"] == ("True", "Ready") and conds(plan)["WorkersDeployed"] == ("True", "Available")
+    assert plan.status["backlog"]["waiting"] == 12 and plan.status["observedGeneration"] == 4
+
+    rolling = control.QueueFacts(stats=Stats(), deployment=control.DeploymentFacts.of(deployment(available=1)))
+    plan = control.plan(rolling, generation=4, previous={}, decision=None, replicas_before=None, now=NOW)
+    assert conds(plan)["Ready"] == ("False", "RollingOut") and conds(plan)["Reconciling"][0] == "True"
+    assert not [e for e in plan.events if e.type == "Warning"]  # a rollout in progress is not a warning
+
+    stale = control.QueueFacts(stats=Stats(), deployment=control.DeploymentFacts.of(deployment(observed=2)))
+    assert conds(control.plan(stale, generation=4, previous={}, decision=None, replicas_before=None))["Ready"][0] \
+        == "False"
+
+
+def test_a_failed_rollout_is_stalled():
+    failed = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+              "message": 'ReplicaSet "emails-worker-x" has timed out progressing.'}
+    facts = control.QueueFacts(stats=Stats(), deployment=control.DeploymentFacts.of(deployment(available=0,
+                                                                                               progressing=failed)))
+    plan = control.plan(facts, generation=4, previous={}, decision=None, replicas_before=None, now=NOW)
+    assert conds(plan)["Ready"] == ("False", "ProgressDeadlineExceeded")
+    assert conds(plan)["Stalled"] == ("True", "ProgressDeadlineExceeded") and conds(plan)["Reconciling"][0] == "False"
+    assert [e.reason for e in plan.events] == ["ProgressDeadlineExceeded"]
+    again = control.plan(facts, generation=4, previous=plan.status, decision=None, replicas_before=None, now=NOW)
+    assert again.status == plan.status and again.events == []  # level-based: the same facts change nothing
+
+
+def test_a_failed_apply_wins_over_an_old_healthy_deployment():
+    facts = control.QueueFacts(stats=Stats(), deployment=control.DeploymentFacts.of(deployment()),
+                               apply_problem=Problem("DeploymentFailed", "422 Unprocessable Entity: bad", True))
+    plan = control.plan(facts, generation=4, previous={}, decision=None, replicas_before=None, now=NOW)
+    assert conds(plan)["Ready"] == ("False", "DeploymentFailed") and conds(plan)["Stalled"][0] == "True"
+
+
+def test_a_queue_without_worker_is_ready_with_a_reason():
+    plan = control.plan(control.QueueFacts(stats=Stats(), has_worker=False), generation=1, previous={},
+                        decision=None, replicas_before=None, now=NOW)
+    assert conds(plan)["Ready"] == ("True", "Ready") and conds(plan)["WorkersDeployed"] == ("True", "NoWorkers")
+
+
+def test_redis_down_keeps_the_last_backlog_and_retries():
+    previous = {"backlog": {"waiting": 5}, "oldestWaitingSeconds": 1.0}
+    facts = control.QueueFacts(redis_problem=Problem("RedisUnreachable", "Redis unreachable: timeout"),
+                               deployment=control.DeploymentFacts.of(deployment()))
+    plan = control.plan(facts, generation=1, previous=previous, decision=None, replicas_before=None, now=NOW)
+    assert conds(plan)["Ready"] == ("False", "RedisUnreachable") and conds(plan)["Reconciling"][0] == "True"
+    assert plan.status["backlog"] == {"waiting": 5}
+    assert [e.type for e in plan.events] == ["Warning"]
+    assert control.plan(facts, generation=1, previous=plan.status, decision=None, replicas_before=None,
+                        now=datetime(2026, 12, 2, tzinfo=timezone.utc)).status == plan.status  # no rewrite per poll
+
+
+def test_the_scaling_event_is_the_final_decision():
+    decision = scaling.Decision(3, "scale up to 3: ...")
+    facts = control.QueueFacts(stats=Stats(), deployment=control.DeploymentFacts.of(deployment(replicas=3)))
+    plan = control.plan(facts, generation=1, previous={}, decision=decision, replicas_before=1, now=NOW)
+    assert plan.status["lastScaleReason"] == decision.reason and plan.status["desiredReplicas"] == 3
+    assert [(e.reason, e.message) for e in plan.events] == [("Scaled", decision.reason)]
+
+
+def test_pod_costs_follow_attempts_in_flight():
+    assert control.pod_costs({"a": (3, 0), "b": (0, 1)}, ["a", "b", "c"]) == {"a": "3", "b": "0", "c": "0"}

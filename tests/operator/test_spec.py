@@ -1,0 +1,53 @@
+"""The typed Queue spec: defaults from one table, held against the CRD's schema."""
+
+import pytest
+import yaml
+
+from effectmq_operator.spec import MAX_QUEUE_NAME, QUEUE_DEFAULTS, InvalidSpec, QueueSpec
+from tests.support.processes import ROOT
+
+CRD = yaml.safe_load((ROOT / "crds/queue.yaml").read_text())
+SPEC_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+MINIMAL = {"redis": {"url": "redis://r:6379/0"}}
+
+
+def schema_defaults(schema: dict, path: str = "") -> dict:
+    out = {}
+    for name, sub in (schema.get("properties") or {}).items():
+        where = f"{path}.{name}" if path else name
+        if "default" in sub:
+            out[where] = sub["default"]
+        out.update(schema_defaults(sub, where))
+    return out
+
+
+def test_the_defaults_table_is_the_crds():
+    assert QUEUE_DEFAULTS == schema_defaults(SPEC_SCHEMA)
+
+
+def test_a_minimal_spec_gets_every_default():
+    spec = QueueSpec.parse(MINIMAL)
+    assert spec.worker is None and spec.lock_timeout == 30 and spec.max_stalled_count == 1
+    assert spec.scaling.max_replicas == 10 and spec.scaling.poll_interval == 10
+    assert spec.retry == {"backoff": "Exponential", "initialDelaySeconds": 1, "maxDelaySeconds": 300, "jitter": True}
+
+
+def test_max_active_caps_the_replicas():
+    spec = QueueSpec.parse({**MINIMAL, "maxActive": 20, "worker": {"image": "w", "handlers": "a:b", "concurrency": 8}})
+    assert spec.scaling.replica_cap == 3 and spec.scaling.upper == 3
+
+
+@pytest.mark.parametrize("spec, name, message", [
+    ({}, "q", "exactly one of url and urlFrom"),
+    ({"redis": {"url": "redis://r", "urlFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}}, "q", "exactly one"),
+    ({"redis": {"urlFrom": {"secretKeyRef": {"name": "s"}}}}, "q", "needs name and key"),
+    ({**MINIMAL, "worker": {"image": "w"}}, "q", "spec.worker needs image and handlers"),
+    ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "env": [{"value": "x"}]}}, "q", "spec.worker.env"),
+    ({**MINIMAL, "scaling": {"minReplicas": 3, "maxReplicas": 2}}, "q", "minReplicas must be less"),
+    ({**MINIMAL, "lockTimeoutSeconds": 5, "lockRefreshSeconds": 5}, "q", "lockRefreshSeconds must be less"),
+    ({**MINIMAL, "maxActive": "lots"}, "q", "spec.maxActive: must be an integer"),
+    (MINIMAL, "x" * (MAX_QUEUE_NAME + 1), "at most 63 characters"),
+])
+def test_invalid_specs_name_the_field(spec, name, message):
+    with pytest.raises(InvalidSpec, match=message):
+        QueueSpec.parse(spec, name)
