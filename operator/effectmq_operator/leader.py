@@ -39,10 +39,14 @@ log = logging.getLogger("effectmq.operator.leader")
 API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError, asyncio.TimeoutError)
 
 
-def coordination_api(configuration: kubernetes.client.Configuration | None = None) -> kubernetes.client.CoordinationV1Api:
+def coordination_api(configuration: kubernetes.client.Configuration | None = None,
+                     ) -> kubernetes.client.CoordinationV1Api:
     """A CoordinationV1Api on its own ApiClient (its own connection pool) for one elector,
     from a copy of `configuration` (default: the one load_*_config() installed)."""
-    config = copy.copy(configuration) if configuration is not None else kubernetes.client.Configuration.get_default_copy()
+    if configuration is None:
+        config = kubernetes.client.Configuration.get_default_copy()
+    else:
+        config = copy.copy(configuration)
     return kubernetes.client.CoordinationV1Api(kubernetes.client.ApiClient(config))
 
 
@@ -136,7 +140,7 @@ class LeaderElector:
     @property
     def is_leader(self) -> bool:
         """Leading, and the last confirmed renewal is younger than renew_deadline."""
-        return self._leading
+        return self._leading and self._clock() - self._renewed_at < self.renew_deadline
 
     @property
     def holder(self) -> str | None:
