@@ -57,6 +57,7 @@ class QueueRuntime:
 
     due: float = 0.0
     failures: int = 0
+    reconciled_at: float | None = None  # monotonic time the last reconcile finished
     scaling: scaling.ScalingState | None = None
     applied_generation: int | None = None  # the Deployment's generation after our last apply
     settings: tuple | None = None  # (target, settings) last written to Redis
@@ -113,6 +114,7 @@ class QueueController:
         self._limit = asyncio.Semaphore(concurrency)
         self._running: dict[Key, asyncio.Task] = {}
         self._next_list = 0.0
+        self._term_started = time.monotonic()
 
     # -- registry (fed by watch events and full lists) ------------------------------
 
@@ -166,8 +168,10 @@ class QueueController:
             if is_leader():
                 if not leading:  # a new term: decisions start from the live objects, not old memory
                     leading = True
+                    self._term_started = time.monotonic()
                     for rt in self.runtime.values():
                         rt.scaling, rt.applied_generation, rt.settings, rt.due = None, None, None, 0.0
+                        rt.reconciled_at = None
                 await self.step()
             else:
                 leading = False
@@ -191,6 +195,10 @@ class QueueController:
                 self._running[key] = asyncio.create_task(self._reconcile_bounded(key), name=f"queue {key[0]}/{key[1]}")
         for key in [k for k, t in self._running.items() if t.done()]:
             del self._running[key]
+        finished = [rt.reconciled_at for rt in self.runtime.values()]
+        if finished:
+            oldest = None if None in finished else min(finished)
+            metrics.OLDEST_RECONCILE.set(time.monotonic() - (oldest if oldest is not None else self._term_started))
 
     async def _reconcile_bounded(self, key: Key) -> None:
         rt = self.runtime.setdefault(key, QueueRuntime())
@@ -213,6 +221,8 @@ class QueueController:
             if key in self.runtime:
                 rt.failures = 0 if ok else rt.failures + 1
                 rt.due = self.clock() + (interval if ok else backoff(rt.failures, interval))
+                rt.reconciled_at = time.monotonic()
+                metrics.RECONCILES.labels("ok" if ok else "retry").inc()
 
     # -- one reconcile ----------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.rest import ApiException
 
+from . import metrics
 from .builders import GROUP, VERSION
 from .threads import DaemonThreadPool
 
@@ -58,6 +59,7 @@ class Kube:
 
     async def _call(self, fn, *args, **kwargs) -> Any:
         self.requests += 1
+        metrics.API_REQUESTS.inc()
         return await self.pool.run(fn, *args, _request_timeout=self.timeout, **kwargs)
 
     def _plain(self, obj: Any) -> Any:

@@ -11,6 +11,10 @@ OLDEST_WAITING = Gauge("effectmq_operator_oldest_waiting_seconds", "Age of the o
 POLL_ERRORS = Counter("effectmq_operator_poll_errors", "Polls that could not reach Redis", ["queue"])
 RECOVERED = Counter("effectmq_operator_leases_recovered", "Expired leases recovered by the operator's maintenance",
                     ["queue", "outcome"])
+RECONCILES = Counter("effectmq_operator_reconciles", "Queue reconciles finished", ["outcome"])
+OLDEST_RECONCILE = Gauge("effectmq_operator_oldest_reconcile_age_seconds",
+                         "Seconds since the least recently reconciled Queue was last reconciled (a full pass takes this long)")
+API_REQUESTS = Counter("effectmq_operator_api_requests", "Kubernetes API calls made by the reconcilers")
 TICKS = Counter("effectmq_operator_schedule_ticks", "Schedule ticks materialized as tasks", ["schedule"])
 
 

@@ -1,0 +1,271 @@
+"""The operator contract, tried as a platform team would: delete what it owns, break
+its inputs, stall its Redis, and read its status with kstatus (the library Flux uses).
+Real control plane, real Redis, the operator as a process."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.request
+
+import pytest
+import yaml
+
+import effectmq
+from tests.operator.test_operator_queues import apply, condition, events, get, queue_manifest
+from tests.support.operator import DeploymentWorker, wait_for
+
+pytestmark = pytest.mark.kube
+FAST = {"pollIntervalSeconds": 1, "scaleDownStabilizationSeconds": 2, "cooldownSeconds": 2}
+
+
+def ready(plane, ns, kind, name):
+    c = condition(get(plane, ns, kind, name), "Ready")
+    return c and (c["status"], c["reason"])
+
+
+def kubectl_wait_ready(plane, ns, what, timeout):
+    return plane.kubectl("wait", "--for=condition=Ready", what, "-n", ns, f"--timeout={timeout}", check=False)
+
+
+def test_a_deleted_deployment_comes_back_and_a_failed_apply_is_retried(kube_control_plane, kube_namespace,
+                                                                       start_operator, redis_url):
+    plane, ns = kube_control_plane, kube_namespace
+    start_operator()
+    apply(plane, ns, queue_manifest("emails", redis_url, scaling=FAST))
+    first = wait_for(lambda: get(plane, ns, "deployment", "emails-worker"), what="worker Deployment")
+    wait_for(lambda: ready(plane, ns, "queue", "emails") == ("True", "Ready"), what="Ready")
+
+    plane.kubectl("delete", "deployment", "emails-worker", "-n", ns)
+    back = wait_for(lambda: (d := get(plane, ns, "deployment", "emails-worker"))
+                    and d["metadata"]["uid"] != first["metadata"]["uid"] and d, timeout=15, what="Deployment back")
+    assert back["metadata"]["ownerReferences"][0]["name"] == "emails"
+    wait_for(lambda: ready(plane, ns, "queue", "emails") == ("True", "Ready"), what="Ready again")
+
+    # Now the API refuses the Deployment (a quota): the Queue must say so, and heal by itself.
+    plane.kubectl("create", "quota", "no-deployments", "-n", ns, "--hard=count/deployments.apps=0")
+    plane.kubectl("delete", "deployment", "emails-worker", "-n", ns)
+    failed = wait_for(lambda: (c := condition(get(plane, ns, "queue", "emails"), "Ready"))
+                      and c["status"] == "False" and c, timeout=15, what="Ready=False while the apply fails")
+    assert failed["reason"] == "DeploymentFailed" and "exceeded quota" in failed["message"], failed
+    stalled = condition(get(plane, ns, "queue", "emails"), "Stalled")
+    assert stalled["status"] == "True"  # a refusal by the API does not heal by itself
+    assert kubectl_wait_ready(plane, ns, "queue/emails", "3s").returncode != 0
+    for _ in range(10):  # while it is gone, the Queue never says it is healthy
+        assert get(plane, ns, "deployment", "emails-worker") is None
+        assert ready(plane, ns, "queue", "emails")[0] == "False"
+        time.sleep(0.3)
+    assert ("Warning", "DeploymentFailed") in [(t, r) for t, r, _ in events(plane, ns, "emails")]
+    plane.kubectl("delete", "quota", "no-deployments", "-n", ns)
+    wait_for(lambda: get(plane, ns, "deployment", "emails-worker"), timeout=15, what="apply retried")
+    assert kubectl_wait_ready(plane, ns, "queue/emails", "15s").returncode == 0
+
+
+def test_user_env_overrides_an_operator_variable(kube_control_plane, kube_namespace, start_operator, redis_url):
+    plane, ns = kube_control_plane, kube_namespace
+    start_operator()
+    manifest = yaml.safe_load(queue_manifest("emails", redis_url))
+    manifest["spec"]["worker"]["env"] = [{"name": "EFFECTMQ_CONCURRENCY", "value": "3"}]
+    apply(plane, ns, yaml.safe_dump(manifest))
+    deployment = wait_for(lambda: get(plane, ns, "deployment", "emails-worker"), what="worker Deployment")
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert [e for e in env if e["name"] == "EFFECTMQ_CONCURRENCY"] == [{"name": "EFFECTMQ_CONCURRENCY", "value": "3"}]
+    assert kubectl_wait_ready(plane, ns, "queue/emails", "20s").returncode == 0
+
+
+def test_a_stuck_rollout_is_not_ready_and_kstatus_says_failed(kube_control_plane, kube_namespace, start_operator,
+                                                              redis_url, kstatus):
+    plane, ns = kube_control_plane, kube_namespace
+    start_operator()
+    # One replica always: this control plane has no kubelet, so the pod never becomes available.
+    manifest = yaml.safe_load(queue_manifest("stuck", redis_url, scaling={**FAST, "minReplicas": 1}))
+    manifest["spec"]["worker"]["progressDeadlineSeconds"] = 3
+    apply(plane, ns, yaml.safe_dump(manifest))
+    wait_for(lambda: get(plane, ns, "deployment", "stuck-worker"), what="worker Deployment")
+    catching_up = wait_for(lambda: (q := get(plane, ns, "queue", "stuck")) and condition(q, "Ready") and q,
+                           what="first status")
+    if condition(catching_up, "Stalled")["status"] == "False":  # still inside the progress deadline
+        assert condition(catching_up, "Ready")["reason"] == "RollingOut"
+        assert kstatus(catching_up).status == "InProgress"
+    failed = wait_for(lambda: (q := get(plane, ns, "queue", "stuck"))
+                      and condition(q, "Stalled")["status"] == "True" and q, timeout=30, what="Stalled")
+    assert condition(failed, "Ready")["reason"] == "ProgressDeadlineExceeded"
+    assert kstatus(failed).status == "Failed"
+    assert kstatus(get(plane, ns, "deployment", "stuck-worker")).status == "Failed"  # the library agrees
+    assert kubectl_wait_ready(plane, ns, "queue/stuck", "3s").returncode != 0
+
+    # A missing Secret cannot heal by itself either: Failed, not an endless InProgress.
+    manifest = yaml.safe_load(queue_manifest("nosecret", None, scaling=FAST))
+    manifest["spec"]["redis"] = {"urlFrom": {"secretKeyRef": {"name": "absent", "key": "url"}}}
+    apply(plane, ns, yaml.safe_dump(manifest))
+    missing = wait_for(lambda: (q := get(plane, ns, "queue", "nosecret")) and condition(q, "Ready") and q,
+                       what="status of the Queue without its Secret")
+    assert condition(missing, "Ready")["reason"] == "SecretNotFound" and kstatus(missing).status == "Failed"
+
+    # Healthy: Current, for the Queue and for a Schedule; a Schedule with an invalid cron is Failed.
+    apply(plane, ns, queue_manifest("fine", redis_url, scaling=FAST))
+    # (kstatus calls a resource with no status at all Current: wait for the operator's first word.)
+    fine = wait_for(lambda: (q := get(plane, ns, "queue", "fine")) and condition(q, "Ready") and q,
+                    what="first status of a healthy Queue")
+    fine = wait_for(lambda: (q := get(plane, ns, "queue", "fine")) and kstatus(q).status == "Current" and q,
+                    what="a healthy Queue is Current")
+    assert condition(fine, "Ready")["status"] == "True"
+    for name, cron in (("good", "*/5 * * * * *"), ("bad", "61 * * * *")):
+        plane.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump({
+            "apiVersion": "effectmq.io/v1alpha1", "kind": "Schedule", "metadata": {"name": name},
+            "spec": {"queueRef": {"name": "fine"}, "schedule": cron, "task": {"name": "send_report"}}}))
+    wait_for(lambda: condition(get(plane, ns, "schedule", "good"), "Ready"), what="first Schedule status")
+    wait_for(lambda: kstatus(get(plane, ns, "schedule", "good")).status == "Current", what="good Schedule Current")
+    wait_for(lambda: kstatus(get(plane, ns, "schedule", "bad")).status == "Failed", what="bad Schedule Failed")
+
+
+PASSWORD = "pl4nted-Op3rator-s3cret"
+
+
+def test_a_planted_password_appears_nowhere(kube_control_plane, kube_namespace, start_operator, make_redis, tmp_path):
+    plane, ns = kube_control_plane, kube_namespace
+    server = make_redis(password=PASSWORD)
+    wrong = server.url.replace(PASSWORD, PASSWORD + "-wrong")
+    down = f"redis://:{PASSWORD}@127.0.0.1:1/0"  # nothing listens on port 1
+    for secret, url in (("good", server.url), ("wrong", wrong), ("down", down), ("bare", PASSWORD)):
+        plane.kubectl("create", "secret", "generic", secret, "-n", ns, f"--from-literal=url={url}")
+    operator = start_operator()
+    for name in ("good", "wrong", "down", "bare"):
+        manifest = yaml.safe_load(queue_manifest(name, None, scaling=FAST))
+        manifest["spec"]["redis"] = {"urlFrom": {"secretKeyRef": {"name": name, "key": "url"}}}
+        apply(plane, ns, yaml.safe_dump(manifest))
+    wait_for(lambda: ready(plane, ns, "queue", "good") == ("True", "Ready"), what="good Queue Ready")
+    wait_for(lambda: ready(plane, ns, "queue", "wrong") == ("False", "RedisError")
+             or ready(plane, ns, "queue", "wrong") == ("False", "RedisUnreachable"), what="wrong password reported")
+    wait_for(lambda: ready(plane, ns, "queue", "down") == ("False", "RedisUnreachable"), what="down reported")
+    wait_for(lambda: ready(plane, ns, "queue", "bare") == ("False", "InvalidRedisURL"), what="bare value reported")
+    deployment = get(plane, ns, "deployment", "good-worker")
+    worker = DeploymentWorker(plane, ns, deployment, "good-worker-0", tmp_path)
+    bad_worker = DeploymentWorker(plane, ns, get(plane, ns, "deployment", "wrong-worker"), "wrong-worker-0",
+                                  tmp_path)
+    try:
+        q = effectmq.SyncTaskQueue(f"{ns}/good", url=server.url)
+        assert q.wait(q.offer("send_email", {"to": "a@b.c"}).task_id, timeout=30)["delivered_to"] == "a@b.c"
+        q.close()
+        time.sleep(3)  # a few polls of every broken Queue
+        with urllib.request.urlopen(f"http://127.0.0.1:{worker.env['EFFECTMQ_METRICS_PORT']}/metrics") as r:
+            worker_metrics = r.read().decode()
+    finally:
+        worker.stop()
+        bad_worker.stop()
+    surfaces = {
+        "status": json.dumps([q.get("status") for q in plane.kubectl_json("get", "queues", "-n", ns)["items"]]),
+        "events": json.dumps(plane.kubectl_json("get", "events", "-n", ns)["items"]),
+        "operator log": operator.log_path.read_text(errors="replace"),
+        "operator metrics": operator.metrics(),
+        "worker log": worker.log_path.read_text(errors="replace"),
+        "failing worker log": bad_worker.log_path.read_text(errors="replace"),
+        "worker metrics": worker_metrics,
+    }
+    assert "Traceback" not in surfaces["operator log"]
+    assert all(surfaces.values())
+    for surface, text in surfaces.items():
+        assert PASSWORD not in text, f"the password leaked into the {surface}"
+
+
+def test_one_stalled_redis_does_not_delay_another_queue(kube_control_plane, kube_namespace, start_operator,
+                                                        make_redis, redis_url):
+    plane, ns = kube_control_plane, kube_namespace
+    stalled = make_redis()
+    start_operator()
+    apply(plane, ns, queue_manifest("slow", stalled.url, scaling=FAST))
+    plane.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "effectmq.io/v1alpha1", "kind": "Schedule", "metadata": {"name": "slow-ticks"},
+        "spec": {"queueRef": {"name": "slow"}, "schedule": "* * * * * *", "task": {"name": "send_report"}}}))
+    apply(plane, ns, queue_manifest("healthy", redis_url, scaling={**FAST, "pollIntervalSeconds": 2,
+                                                                   "activationTasks": 1}))
+    wait_for(lambda: ready(plane, ns, "queue", "slow") == ("True", "Ready"), what="slow Queue Ready")
+    wait_for(lambda: ready(plane, ns, "queue", "healthy") == ("True", "Ready"), what="healthy Queue Ready")
+    wait_for(lambda: (get(plane, ns, "schedule", "slow-ticks").get("status") or {}).get("lastTickTime"),
+             what="ticks on the slow Redis")
+    stalled.proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(3)  # the stalled Redis' polls and tick passes are now hanging
+        q = effectmq.SyncTaskQueue(f"{ns}/healthy", url=redis_url)
+        q.offer_many([("send_email", {"to": "a@b.c"})] * 5)
+        offered = time.monotonic()
+        wait_for(lambda: get(plane, ns, "deployment", "healthy-worker")["spec"]["replicas"] == 1, timeout=15,
+                 interval=0.1, what="scale from zero")
+        took = time.monotonic() - offered
+        q.close()
+        assert took <= 2 + 2, f"scale-from-zero took {took:.1f}s with another Redis stalled"
+        wait_for(lambda: ready(plane, ns, "queue", "slow")[0] == "False", timeout=40,
+                 what="the stalled Redis reported")
+    finally:
+        stalled.proc.send_signal(signal.SIGCONT)
+    # Healed: Redis answers again (its ticks then scale it up; pods stay Pending here, so not Ready).
+    wait_for(lambda: condition(get(plane, ns, "queue", "slow"), "RedisReachable")["status"] == "True", timeout=40,
+             what="slow Queue reaches its Redis again")
+
+
+def test_a_schedule_deleted_while_the_operator_is_down_never_fires(kube_control_plane, kube_namespace,
+                                                                   start_operator, redis_url):
+    plane, ns = kube_control_plane, kube_namespace
+    operator = start_operator()
+    apply(plane, ns, queue_manifest("emails", redis_url, scaling=FAST))
+    apply(plane, ns, queue_manifest("other", redis_url, scaling=FAST))
+    for name, queue in (("every-second", "emails"), ("orphaned", "other")):
+        plane.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump({
+            "apiVersion": "effectmq.io/v1alpha1", "kind": "Schedule", "metadata": {"name": name},
+            "spec": {"queueRef": {"name": queue}, "schedule": "* * * * * *", "task": {"name": "send_report"}}}))
+    emails = effectmq.SyncTaskQueue(f"{ns}/emails", url=redis_url)
+    other = effectmq.SyncTaskQueue(f"{ns}/other", url=redis_url)
+    wait_for(lambda: emails.stats().waiting >= 2 and other.stats().waiting >= 2, what="ticks firing")
+
+    # The Queue of a Schedule goes: the Schedule stops and says why.
+    plane.kubectl("delete", "queue", "other", "-n", ns)
+    wait_for(lambda: ready(plane, ns, "schedule", "orphaned") == ("False", "QueueNotFound"), what="QueueNotFound")
+    assert condition(get(plane, ns, "schedule", "orphaned"), "QueueFound")["status"] == "False"
+    settled = other.stats().waiting
+    time.sleep(2.5)
+    assert other.stats().waiting == settled, "a Schedule whose Queue is gone kept firing"
+
+    operator.stop()
+    plane.kubectl("delete", "schedule", "every-second", "-n", ns)
+    again = start_operator(name="operator-again")
+    wait_for(lambda: 'effectmq_operator_reconciles_total{outcome="ok"}' in again.metrics(), what="operator back")
+    time.sleep(1.5)  # the operator has had time for tick passes
+    before = emails.stats().waiting
+    time.sleep(2.5)
+    assert emails.stats().waiting == before, "a Schedule deleted while the operator was down fired"
+    emails.close()
+    other.close()
+
+
+def test_paused_and_max_active_bound_the_replicas(kube_control_plane, kube_namespace, start_operator, redis_url):
+    plane, ns = kube_control_plane, kube_namespace
+    start_operator()
+    apply(plane, ns, queue_manifest("bulk", redis_url, scaling={**FAST, "maxReplicas": 20,
+                                                                "targetTasksPerReplica": 50}))
+    replicas = lambda: get(plane, ns, "deployment", "bulk-worker")["spec"]["replicas"]  # noqa: E731
+    wait_for(lambda: get(plane, ns, "deployment", "bulk-worker"), what="worker Deployment")
+    q = effectmq.SyncTaskQueue(f"{ns}/bulk", url=redis_url)
+    q.offer_many([("send_email", {"to": "a@b.c"})] * 615)
+    wait_for(lambda: replicas() == 13, timeout=20, what="13 replicas for 615 tasks")
+
+    plane.kubectl("patch", "queue", "bulk", "-n", ns, "--type=merge", "-p", '{"spec": {"paused": true}}')
+    wait_for(lambda: replicas() == 0, timeout=15, what="paused: down to minReplicas")
+    status = get(plane, ns, "queue", "bulk")["status"]
+    assert status["lastScaleReason"].startswith("scale to zero: queue paused"), status["lastScaleReason"]
+
+    # maxActive 40 at concurrency 16: never more than 3 replicas, whatever the backlog.
+    plane.kubectl("patch", "queue", "bulk", "-n", ns, "--type=merge", "-p",
+                  '{"spec": {"paused": false, "maxActive": 40}}')
+    wait_for(lambda: replicas() == 3, timeout=15, what="maxActive caps the replicas")
+    time.sleep(2)
+    assert replicas() == 3
+    status = get(plane, ns, "queue", "bulk")["status"]
+    assert status["desiredReplicas"] == 3 and status["lastScaleReason"].startswith("scale up to 3")
+    assert "capped at 3 by maxActive" in status["lastScaleReason"]
+    scaled = [m for _, r, m in events(plane, ns, "bulk") if r == "Scaled"]
+    assert scaled and all(m.split(":")[0] in ("scale up to 13", "scale up to 5", "scale up to 9", "scale to zero",
+                                               "scale up to 3", "scale up to 1", "scale up to 4", "scale up to 8",
+                                               "scale up to 12")
+                          for m in scaled), scaled
+    q.close()
