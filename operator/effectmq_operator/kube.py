@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import kubernetes
+import urllib3
 from kubernetes.client.rest import ApiException
 
 from . import metrics
@@ -37,6 +38,16 @@ def load_config() -> None:
         kubernetes.config.load_kube_config()
 
 
+def disable_client_retries(api_client: kubernetes.client.ApiClient) -> None:
+    """urllib3 retries a failed request three times by default, which would multiply
+    every client-side timeout by four; the reconcilers retry on their own schedule."""
+    pool = getattr(getattr(api_client, "rest_client", None), "pool_manager", None)
+    kwargs = getattr(pool, "connection_pool_kw", None)
+    if isinstance(kwargs, dict):
+        kwargs["retries"] = urllib3.Retry(total=False)
+        pool.clear()
+
+
 def api_error(exc: ApiException) -> str:
     """The API server's own message of a failed call (not the whole response body)."""
     try:
@@ -49,6 +60,7 @@ def api_error(exc: ApiException) -> str:
 class Kube:
     def __init__(self, *, threads: int = 8, request_timeout: tuple[float, float] = REQUEST_TIMEOUT) -> None:
         self.api = kubernetes.client.ApiClient()
+        disable_client_retries(self.api)
         self.apps = kubernetes.client.AppsV1Api(self.api)
         self.core = kubernetes.client.CoreV1Api(self.api)
         self.custom = kubernetes.client.CustomObjectsApi(self.api)

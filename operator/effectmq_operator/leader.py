@@ -30,6 +30,7 @@ import kubernetes
 import urllib3
 from kubernetes.client.rest import ApiException
 
+from .kube import disable_client_retries
 from .threads import DaemonThreadPool
 
 log = logging.getLogger("effectmq.operator.leader")
@@ -64,17 +65,6 @@ def _describe(exc: BaseException) -> str:
             message = None
         return f"{text}: {message}" if message else text
     return f"{type(exc).__name__}: {exc}" if str(exc) else f"{type(exc).__name__}: no answer in time"
-
-
-def _disable_client_retries(api_client: Any) -> None:
-    """urllib3 retries a failed request three times by default, which would
-    multiply every client-side timeout by four; the election loop retries on its
-    own schedule. The ApiClient belongs to the elector, so this is ours to set."""
-    pool = getattr(getattr(api_client, "rest_client", None), "pool_manager", None)
-    kwargs = getattr(pool, "connection_pool_kw", None)
-    if isinstance(kwargs, dict):
-        kwargs["retries"] = urllib3.Retry(total=False)
-        pool.clear()
 
 
 class LeaderElector:
@@ -120,7 +110,7 @@ class LeaderElector:
 
         self._clock = clock
         self._api_client = coordination.api_client
-        _disable_client_retries(self._api_client)
+        disable_client_retries(self._api_client)
         self._pool = DaemonThreadPool(2, f"lease-{name}")
         self._state = "new"  # new | running | stopped | died
         self._leading = False

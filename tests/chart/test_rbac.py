@@ -37,7 +37,7 @@ SERVED = {
 }
 CRDS = {"customresourcedefinitions.apiextensions.k8s.io": ["list", "watch"]}
 NAMESPACES = {"namespaces": ["list", "watch"]}
-LEADER = expand({"leases.coordination.k8s.io": ["get", "update", "patch"]}, names=LEASE) | \
+LEADER = expand({"leases.coordination.k8s.io": ["get", "update"]}, names=LEASE) | \
     expand({"leases.coordination.k8s.io": ["create"]})
 
 
