@@ -58,6 +58,7 @@ class QueueRuntime:
     due: float = 0.0
     failures: int = 0
     reconciled_at: float | None = None  # monotonic time the last reconcile finished
+    nudged: bool = False  # something changed: reconcile again, also when it changed during a reconcile
     scaling: scaling.ScalingState | None = None
     applied_generation: int | None = None  # the Deployment's generation after our last apply
     settings: tuple | None = None  # (target, settings) last written to Redis
@@ -119,7 +120,8 @@ class QueueController:
     # -- registry (fed by watch events and full lists) ------------------------------
 
     def nudge(self, key: Key) -> None:
-        self.runtime.setdefault(key, QueueRuntime()).due = 0.0
+        rt = self.runtime.setdefault(key, QueueRuntime())
+        rt.due, rt.nudged = 0.0, True
 
     def observe_queue(self, event_type: str | None, body: dict) -> None:
         key = key_of(body)
@@ -164,18 +166,22 @@ class QueueController:
 
     async def run(self, is_leader: Callable[[], bool], interval: float = 0.2) -> None:
         leading = False
-        while True:
-            if is_leader():
-                if not leading:  # a new term: decisions start from the live objects, not old memory
-                    leading = True
-                    self._term_started = time.monotonic()
-                    for rt in self.runtime.values():
-                        rt.scaling, rt.applied_generation, rt.settings, rt.due = None, None, None, 0.0
-                        rt.reconciled_at = None
-                await self.step()
-            else:
-                leading = False
-            await asyncio.sleep(interval)
+        try:
+            while True:
+                if is_leader():
+                    if not leading:  # a new term: decisions start from the live objects, not old memory
+                        leading = True
+                        self._term_started = time.monotonic()
+                        for rt in self.runtime.values():
+                            rt.scaling, rt.applied_generation, rt.settings, rt.due = None, None, None, 0.0
+                            rt.reconciled_at = None
+                    await self.step()
+                elif leading:
+                    leading = False
+                    await self.stop()  # a former leader's reconciles must not write any more
+                await asyncio.sleep(interval)
+        finally:
+            await self.stop()
 
     async def step(self) -> None:
         if time.monotonic() >= self._next_list:
@@ -202,7 +208,7 @@ class QueueController:
 
     async def _reconcile_bounded(self, key: Key) -> None:
         rt = self.runtime.setdefault(key, QueueRuntime())
-        rt.due = float("inf")  # not again until this one is done
+        rt.due, rt.nudged = float("inf"), False  # not again until this one is done
         interval = 10.0
         ok = False
         try:
@@ -221,6 +227,8 @@ class QueueController:
             if key in self.runtime:
                 rt.failures = 0 if ok else rt.failures + 1
                 rt.due = self.clock() + (interval if ok else backoff(rt.failures, interval))
+                if rt.nudged:  # changed while this reconcile read the old state
+                    rt.due = 0.0
                 rt.reconciled_at = time.monotonic()
                 metrics.RECONCILES.labels("ok" if ok else "retry").inc()
 
@@ -263,9 +271,11 @@ class QueueController:
                 if live is not None and current is not None and replicas < current:
                     await self._protect_busy_pods(namespace, name, workers)
                 try:
-                    live = await self.kube.apply(desired)
-                    rt.applied_generation = live["metadata"].get("generation")
-                    self.deployments[key] = live
+                    applied = await self.kube.apply(desired)
+                    rt.applied_generation = applied["metadata"].get("generation")
+                    if newer(applied, self.deployments.get(key)):  # the watch may have brought a newer one
+                        self.deployments[key] = applied
+                    live = self.deployments.get(key, applied)
                 except ApiException as exc:
                     apply_problem = Problem("DeploymentFailed", f"applying the worker Deployment failed: "
                                             f"{api_error(exc)}", permanent=400 <= exc.status < 500
@@ -340,9 +350,11 @@ class QueueController:
                 await self.kube.annotate_pod(namespace, pod_name, {builders.DELETION_COST: costs[pod_name]})
 
     async def stop(self) -> None:
-        for task in self._running.values():
+        tasks = list(self._running.values())
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._running.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._running.clear()
 
 
 def _poll_interval(body: dict) -> float:

@@ -44,6 +44,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.watching.connect_timeout = 5
     settings.networking.request_timeout = 15
     settings.networking.connect_timeout = 5
+    # The last resort if shutdown hangs on a dead connection: SIGTERM to exit stays within 5 s.
+    settings.process.ultimate_exiting_timeout = 4.5
     load_config()
     namespaces = list(getattr(memo, "namespaces", None) or [])
     kube = Kube()

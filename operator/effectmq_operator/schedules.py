@@ -42,6 +42,7 @@ class ScheduleRuntime:
     failures: int = 0
     placed: RedisTarget | None = None  # where the definition is stored
     stored: str | None = None  # the definition as last stored there (JSON)
+    nudged: bool = False  # changed: reconcile again, also when it changed during a reconcile
 
 
 class ScheduleController:
@@ -68,7 +69,8 @@ class ScheduleController:
     # -- registry ----------------------------------------------------------------------
 
     def nudge(self, key: Key) -> None:
-        self.runtime.setdefault(key, ScheduleRuntime()).due = 0.0
+        rt = self.runtime.setdefault(key, ScheduleRuntime())
+        rt.due, rt.nudged = 0.0, True
 
     def observe(self, event_type: str | None, body: dict) -> None:
         key = key_of(body)
@@ -148,7 +150,7 @@ class ScheduleController:
 
     async def _reconcile_bounded(self, key: Key) -> None:
         rt = self.runtime.setdefault(key, ScheduleRuntime())
-        rt.due = float("inf")
+        rt.due, rt.nudged = float("inf"), False
         ok = False
         try:
             async with self._limit:
@@ -163,6 +165,8 @@ class ScheduleController:
             if key in self.runtime:
                 rt.failures = 0 if ok else rt.failures + 1
                 rt.due = self.clock() + (RESYNC_EVERY if ok else backoff(rt.failures, 30.0))
+                if rt.nudged:
+                    rt.due = 0.0
 
     async def reconcile(self, key: Key, body: dict) -> bool:
         """Validate a Schedule, place it in its Queue's Redis (or take it out), write its status."""

@@ -169,7 +169,10 @@ def test_namespaced_operator_under_the_chart_service_account(kube_control_plane,
             schedule = copy.deepcopy(SCHEDULE)
             schedule["spec"].update({"schedule": "* * * * * *", "timeZone": "UTC"})
             apply(plane, namespace, schedule)
-        wait_for(lambda: ready(get(plane, shop, "queue", "emails")), what="Queue Ready")
+        # Reconciled (ticks scale it to one pod, which stays Pending here: so not Ready).
+        wait_for(lambda: any(c["type"] == "RedisReachable" and c["status"] == "True" for c in
+                             (get(plane, shop, "queue", "emails").get("status") or {}).get("conditions", [])),
+                 what="Queue reconciled")
         status = wait_for(lambda: ((get(plane, shop, "schedule", "nightly-report") or {}).get("status") or {})
                           .get("lastTaskId"), timeout=20, what="a tick")
         assert status.startswith(f"{shop}/nightly-report/")

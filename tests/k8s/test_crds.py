@@ -170,7 +170,7 @@ def test_printer_columns_and_category(kube_control_plane, effectmq_crds, kube_na
     )
 
     queues = kube.kubectl("get", "queues", "-n", ns).stdout
-    assert header(queues) == ["NAME", "WAITING", "ACTIVE", "REPLICAS", "AGE"], queues
+    assert header(queues) == ["NAME", "WAITING", "ACTIVE", "REPLICAS", "DESIRED", "READY", "AGE"], queues
     assert queues.splitlines()[1].split()[:4] == ["emails", "42", "7", "3"], queues
 
     schedules = kube.kubectl("get", "schedules", "-n", ns).stdout
@@ -183,7 +183,7 @@ def test_printer_columns_and_category(kube_control_plane, effectmq_crds, kube_na
     assert "false" in lines[1].split()
 
     wide = kube.kubectl("get", "queues", "-n", ns, "-o", "wide").stdout
-    assert header(wide) == ["NAME", "WAITING", "ACTIVE", "REPLICAS", "READY", "PAUSED", "AGE"]
+    assert header(wide) == ["NAME", "WAITING", "ACTIVE", "REPLICAS", "DESIRED", "READY", "REASON", "PAUSED", "AGE"]
 
     both = kube.kubectl("get", "effectmq", "-n", ns, "-o", "name").stdout.split()
     assert sorted(both) == ["queue.effectmq.io/emails", "schedule.effectmq.io/nightly-report"]

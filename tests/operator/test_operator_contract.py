@@ -61,6 +61,15 @@ def test_a_deleted_deployment_comes_back_and_a_failed_apply_is_retried(kube_cont
     wait_for(lambda: get(plane, ns, "deployment", "emails-worker"), timeout=15, what="apply retried")
     assert kubectl_wait_ready(plane, ns, "queue/emails", "15s").returncode == 0
 
+    # The same problem again is the same Event, counted (not a new object per occurrence).
+    plane.kubectl("create", "quota", "no-deployments", "-n", ns, "--hard=count/deployments.apps=0")
+    plane.kubectl("delete", "deployment", "emails-worker", "-n", ns)
+    counted = wait_for(lambda: [e for e in plane.kubectl_json("get", "events", "-n", ns)["items"]
+                                if e["reason"] == "DeploymentFailed" and e.get("count", 1) >= 2], timeout=15,
+                       what="the repeated Event counted")
+    assert len([e for e in plane.kubectl_json("get", "events", "-n", ns)["items"]
+                if e["reason"] == "DeploymentFailed"]) == 1, counted
+
 
 def test_user_env_overrides_an_operator_variable(kube_control_plane, kube_namespace, start_operator, redis_url):
     plane, ns = kube_control_plane, kube_namespace
@@ -83,11 +92,13 @@ def test_a_stuck_rollout_is_not_ready_and_kstatus_says_failed(kube_control_plane
     manifest["spec"]["worker"]["progressDeadlineSeconds"] = 3
     apply(plane, ns, yaml.safe_dump(manifest))
     wait_for(lambda: get(plane, ns, "deployment", "stuck-worker"), what="worker Deployment")
-    catching_up = wait_for(lambda: (q := get(plane, ns, "queue", "stuck")) and condition(q, "Ready") and q,
-                           what="first status")
-    if condition(catching_up, "Stalled")["status"] == "False":  # still inside the progress deadline
-        assert condition(catching_up, "Ready")["reason"] == "RollingOut"
-        assert kstatus(catching_up).status == "InProgress"
+    # Catching up (a rollout inside its deadline): InProgress, Reconciling, not Ready.
+    apply(plane, ns, queue_manifest("rolling", redis_url, scaling={**FAST, "minReplicas": 1}))
+    rolling = wait_for(lambda: (q := get(plane, ns, "queue", "rolling")) and condition(q, "Ready") and q,
+                       what="first status of the rolling Queue")
+    assert condition(rolling, "Ready")["reason"] == "RollingOut" and condition(rolling, "Reconciling")["status"] \
+        == "True"
+    assert kstatus(rolling).status == "InProgress"
     failed = wait_for(lambda: (q := get(plane, ns, "queue", "stuck"))
                       and condition(q, "Stalled")["status"] == "True" and q, timeout=30, what="Stalled")
     assert condition(failed, "Ready")["reason"] == "ProgressDeadlineExceeded"
@@ -135,7 +146,8 @@ def test_a_planted_password_appears_nowhere(kube_control_plane, kube_namespace, 
         manifest = yaml.safe_load(queue_manifest(name, None, scaling=FAST))
         manifest["spec"]["redis"] = {"urlFrom": {"secretKeyRef": {"name": name, "key": "url"}}}
         apply(plane, ns, yaml.safe_dump(manifest))
-    wait_for(lambda: ready(plane, ns, "queue", "good") == ("True", "Ready"), what="good Queue Ready")
+    wait_for(lambda: ready(plane, ns, "queue", "good") == ("True", "Ready") or print(
+        get(plane, ns, "queue", "good").get("status")), what="good Queue Ready")
     wait_for(lambda: ready(plane, ns, "queue", "wrong") == ("False", "RedisError")
              or ready(plane, ns, "queue", "wrong") == ("False", "RedisUnreachable"), what="wrong password reported")
     wait_for(lambda: ready(plane, ns, "queue", "down") == ("False", "RedisUnreachable"), what="down reported")
@@ -269,3 +281,85 @@ def test_paused_and_max_active_bound_the_replicas(kube_control_plane, kube_names
                                                "scale up to 12")
                           for m in scaled), scaled
     q.close()
+
+
+def test_reconciling_twice_changes_nothing(kube_control_plane, kube_namespace, start_operator, redis_url,
+                                           make_redis):
+    """An idle Queue's status is not rewritten every poll, nor while its Redis is down."""
+    plane, ns = kube_control_plane, kube_namespace
+    down = make_redis()
+    start_operator()
+    apply(plane, ns, queue_manifest("idle", redis_url, scaling=FAST))
+    apply(plane, ns, queue_manifest("broken", down.url, scaling=FAST))
+    wait_for(lambda: ready(plane, ns, "queue", "idle") == ("True", "Ready"), what="idle Queue Ready")
+    wait_for(lambda: ready(plane, ns, "queue", "broken") == ("True", "Ready"), what="broken Queue Ready")
+    down.stop()
+    failing = wait_for(lambda: (q := get(plane, ns, "queue", "broken"))
+                       and condition(q, "Ready")["status"] == "False" and q, timeout=20, what="Redis down reported")
+    time.sleep(2)  # let the first failure's writes settle
+    idle_before = get(plane, ns, "queue", "idle")["metadata"]["resourceVersion"]
+    broken_before = get(plane, ns, "queue", "broken")
+    time.sleep(5)  # five poll intervals
+    assert get(plane, ns, "queue", "idle")["metadata"]["resourceVersion"] == idle_before
+    broken_after = get(plane, ns, "queue", "broken")
+    assert broken_after["metadata"]["resourceVersion"] == broken_before["metadata"]["resourceVersion"]
+    assert condition(broken_after, "Ready")["lastTransitionTime"] == condition(failing, "Ready")["lastTransitionTime"]
+    warnings = [m for t, r, m in events(plane, ns, "broken") if t == "Warning"]
+    assert len(warnings) == 1, warnings  # one Event for one problem, not one per poll
+
+
+def test_queue_without_worker_and_a_name_too_long(kube_control_plane, kube_namespace, start_operator, redis_url):
+    plane, ns = kube_control_plane, kube_namespace
+    start_operator()
+    manifest = yaml.safe_load(queue_manifest("settings-only", redis_url, scaling=FAST))
+    del manifest["spec"]["worker"]
+    apply(plane, ns, yaml.safe_dump(manifest))
+    wait_for(lambda: ready(plane, ns, "queue", "settings-only") == ("True", "Ready"), what="Ready without workers")
+    workers = condition(get(plane, ns, "queue", "settings-only"), "WorkersDeployed")
+    assert workers["reason"] == "NoWorkers" and "runs no Deployment" in workers["message"]
+    assert get(plane, ns, "deployment", "settings-only-worker") is None
+
+    long_name = "q" * 64
+    result = plane.kubectl("apply", "-n", ns, "-f", "-", input=queue_manifest(long_name, redis_url), check=False)
+    assert result.returncode != 0 and "at most 63 characters" in result.stderr, result.stderr
+    columns = plane.kubectl("get", "queue", "settings-only", "-n", ns).stdout.split("\n")[0].split()
+    assert {"READY", "DESIRED"} <= set(columns), columns
+
+
+def test_the_operator_uses_tls_like_the_workers(kube_control_plane, kube_namespace, start_operator, tmp_path):
+    """spec.redis.tls reaches the operator's own connections: a CA from a Secret, insecureSkipVerify."""
+    import subprocess
+
+    from tests.fixtures.redis import free_port, require_binary
+
+    plane, ns = kube_control_plane, kube_namespace
+    certs = plane.ca_file.parent  # the API server's serving certificate covers 127.0.0.1
+    port = free_port()
+    server = subprocess.Popen([require_binary("redis-server", "install redis-server"), "--port", "0",
+                               "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                               "--tls-cert-file", str(certs / "apiserver.crt"),
+                               "--tls-key-file", str(certs / "apiserver.key"),
+                               "--tls-ca-cert-file", str(certs / "ca.crt"), "--tls-auth-clients", "no",
+                               "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        plane.kubectl("create", "secret", "generic", "redis-ca", "-n", ns, f"--from-file=ca.crt={plane.ca_file}")
+        start_operator()
+        url = f"redis://127.0.0.1:{port}/0"
+        for name, tls in (("verified", {"enabled": True, "caFrom": {"secretKeyRef": {"name": "redis-ca",
+                                                                                      "key": "ca.crt"}}}),
+                          ("unverified", {"enabled": True, "insecureSkipVerify": True}),
+                          ("untrusted", {"enabled": True}),
+                          ("plain", {})):
+            manifest = yaml.safe_load(queue_manifest(name, url, scaling=FAST))
+            manifest["spec"]["redis"]["tls"] = tls
+            apply(plane, ns, yaml.safe_dump(manifest))
+        wait_for(lambda: ready(plane, ns, "queue", "verified") == ("True", "Ready"), what="TLS with the CA")
+        wait_for(lambda: ready(plane, ns, "queue", "unverified") == ("True", "Ready"), what="TLS without checks")
+        for name in ("untrusted", "plain"):  # an unknown CA, or plain text to a TLS port: refused
+            wait_for(lambda: (ready(plane, ns, "queue", name) or ("",))[0] == "False", what=f"{name} refused")
+        env = {e["name"]: e for e in get(plane, ns, "deployment", "verified-worker")["spec"]["template"]["spec"]
+               ["containers"][0]["env"]}
+        assert env["EFFECTMQ_REDIS_TLS"]["value"] == "true" and "EFFECTMQ_REDIS_CA_FILE" in env
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -1,0 +1,79 @@
+"""Narrow tests of the Queue reconciler's bookkeeping (real Redis, a scripted API).
+
+The API side is a small stand-in so that a race can be staged exactly: a watch
+event that arrives while a reconcile is awaiting its apply."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import yaml
+
+from effectmq_operator.connections import Connections
+from effectmq_operator.controller import QueueController
+from tests.support.processes import ROOT
+
+QUEUE = yaml.safe_load((ROOT / "examples/k8s/queue.yaml").read_text())
+
+
+class ScriptedKube:
+    """Answers like the API server; `during_apply` runs while an apply is in flight."""
+
+    def __init__(self):
+        self.during_apply = None
+        self.status_writes: list[dict] = []
+
+    async def apply(self, body):
+        applied = copy.deepcopy(body)
+        applied["metadata"].update(resourceVersion="5", generation=1)
+        if self.during_apply:
+            self.during_apply()
+        return applied
+
+    async def patch_status(self, plural, namespace, name, status):
+        self.status_writes.append(status)
+        return None
+
+    async def post_event(self, *args, **kwargs):
+        pass
+
+    async def list_resources(self, plural, namespaces):
+        return []
+
+
+def queue_body(redis_url):
+    body = copy.deepcopy(QUEUE)
+    body["metadata"] = {"name": "emails", "namespace": "shop", "uid": "u1", "generation": 1, "resourceVersion": "1"}
+    body["spec"]["redis"] = {"url": redis_url}
+    return body
+
+
+def rolled_out(deployment, rv):
+    d = copy.deepcopy(deployment)
+    d["metadata"]["resourceVersion"] = rv
+    d["status"] = {"observedGeneration": 1, "replicas": 0, "updatedReplicas": 0, "availableReplicas": 0,
+                   "readyReplicas": 0}
+    return d
+
+
+async def test_a_deployment_event_during_the_apply_is_not_lost(redis_url):
+    kube = ScriptedKube()
+    controller = QueueController(kube, Connections(kube))
+    body = queue_body(redis_url)
+    controller.observe_queue("ADDED", body)
+
+    def controller_reports_rollout():  # the deployment controller is faster than our apply's reply
+        applied = {"metadata": {"name": "emails-worker", "namespace": "shop", "generation": 1,
+                                "labels": {"effectmq.io/queue": "emails"}, "annotations": {}},
+                   "spec": {"replicas": 0}}
+        controller.observe_deployment("MODIFIED", rolled_out(applied, "6"))
+    kube.during_apply = controller_reports_rollout
+    await controller._reconcile_bounded(("shop", "emails"))
+    assert controller.deployments[("shop", "emails")]["metadata"]["resourceVersion"] == "6"  # not the older reply
+    assert controller.runtime[("shop", "emails")].due == 0.0  # the change seen meanwhile is reconciled at once
+    kube.during_apply = None
+    await controller._reconcile_bounded(("shop", "emails"))
+    ready = kube.status_writes[-1]["conditions"][0]
+    assert (ready["type"], ready["status"]) == ("Ready", "True"), kube.status_writes[-1]["conditions"]
+    await controller.connections.close()
