@@ -363,3 +363,18 @@ def test_the_operator_uses_tls_like_the_workers(kube_control_plane, kube_namespa
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_edits_to_the_deployment_are_repaired(kube_control_plane, kube_namespace, start_operator, redis_url):
+    plane, ns = kube_control_plane, kube_namespace
+    start_operator()
+    apply(plane, ns, queue_manifest("emails", redis_url, scaling=FAST))
+    wait_for(lambda: get(plane, ns, "deployment", "emails-worker"), what="worker Deployment")
+    image = lambda: get(plane, ns, "deployment", "emails-worker")["spec"]["template"]["spec"]["containers"][0][  # noqa
+        "image"]
+    wanted = image()
+    plane.kubectl("set", "image", "deployment/emails-worker", "worker=someone/else:1", "-n", ns)
+    wait_for(lambda: image() == wanted, timeout=15, what="image edit reverted")
+    plane.kubectl("scale", "deployment/emails-worker", "--replicas=5", "-n", ns)
+    wait_for(lambda: get(plane, ns, "deployment", "emails-worker")["spec"]["replicas"] == 0, timeout=15,
+             what="hand scaling reverted to the scaling decision")
