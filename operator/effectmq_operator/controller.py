@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from kubernetes.client.rest import ApiException
 
@@ -27,73 +27,19 @@ from .connections import Connections, RedisTarget
 from .kube import Kube, api_error
 from .spec import InvalidSpec, QueueSpec
 from .status import Problem
+from .workqueue import Key, Registry, WorkQueue, key_of, newer
 
 log = logging.getLogger("effectmq.operator")
 MAINTENANCE_BATCH = 200
 MAINTENANCE_ROUNDS = 5  # at most this many batches per poll: bounded whatever the backlog
-Key = tuple[str, str]
-
-
-def key_of(body: dict) -> Key:
-    return body["metadata"]["namespace"], body["metadata"]["name"]
-
-
-def newer(incoming: dict, known: dict | None) -> bool:
-    """Whether a watched object is at least as new as the one we hold (resourceVersions
-    are etcd revisions here; when they do not compare as numbers, trust arrival order)."""
-    if known is None:
-        return True
-    a, b = incoming["metadata"].get("resourceVersion", ""), known["metadata"].get("resourceVersion", "")
-    return not (a.isdigit() and b.isdigit()) or int(a) >= int(b)
-
-
-def backoff(failures: int, cap: float) -> float:
-    return min(cap, 0.5 * 2 ** min(failures, 10))
 
 
 @dataclass
 class QueueRuntime:
-    """What the leader remembers about one Queue between reconciles."""
+    """What the leader remembers about one Queue between reconciles (forgotten on a new term)."""
 
-    due: float = 0.0
-    failures: int = 0
-    reconciled_at: float | None = None  # monotonic time the last reconcile finished
-    nudged: bool = False  # something changed: reconcile again, also when it changed during a reconcile
     scaling: scaling.ScalingState | None = None
     applied_generation: int | None = None  # the Deployment's generation after our last apply
-    settings: tuple | None = None  # (target, settings) last written to Redis
-
-
-class Registry:
-    """The latest version of each watched object, by key; newer versions win."""
-
-    def __init__(self) -> None:
-        self.items: dict[Key, dict] = {}
-        self.gone: dict[str, float] = {}  # uids deleted recently: a stale list must not resurrect them
-
-    def put(self, body: dict) -> dict | None:
-        key = key_of(body)
-        if body["metadata"].get("uid") in self.gone:
-            return None
-        old = self.items.get(key)
-        if newer(body, old):
-            self.items[key] = body
-        return old
-
-    def drop(self, body: dict) -> dict | None:
-        self.gone[body["metadata"].get("uid")] = time.monotonic()
-        if len(self.gone) > 10_000:
-            cutoff = time.monotonic() - 600
-            self.gone = {u: t for u, t in self.gone.items() if t > cutoff}
-        return self.items.pop(key_of(body), None)
-
-    def replace_all(self, bodies: list[dict]) -> None:
-        """A full list: objects missing from it are gone, newer watched versions are kept."""
-        listed = {key_of(b): b for b in bodies if b["metadata"].get("uid") not in self.gone}
-        for key in [k for k in self.items if k not in listed]:
-            del self.items[key]
-        for body in listed.values():
-            self.put(body)
 
 
 class QueueController:
@@ -105,23 +51,20 @@ class QueueController:
         self.namespaces = list(namespaces)
         self.clock = clock
         self.deadline = deadline
-        self.relist_every = relist_every
-        self.queues = Registry()
+        self.queues = Registry(lambda: kube.list_resources("queues", self.namespaces), relist_every=relist_every)
         self.deployments: dict[Key, dict] = {}
         self.runtime: dict[Key, QueueRuntime] = {}
         self.targets: dict[Key, RedisTarget] = {}  # the Redis of each Queue, as last resolved
-        self.synced = asyncio.Event()
         self.listeners: list[Callable[[Key], None]] = []  # told when a Queue appears, changes or goes
-        self._limit = asyncio.Semaphore(concurrency)
-        self._running: dict[Key, asyncio.Task] = {}
-        self._next_list = 0.0
-        self._term_started = time.monotonic()
+        self.work = WorkQueue(self._reconcile_key, interval=self._poll_interval, concurrency=concurrency,
+                              deadline=deadline, describe=lambda key, exc: describe_failure(exc, self.targets.get(key)))
+        self.work.on_finished = self._finished
+
+    @property
+    def synced(self) -> asyncio.Event:
+        return self.queues.synced
 
     # -- registry (fed by watch events and full lists) ------------------------------
-
-    def nudge(self, key: Key) -> None:
-        rt = self.runtime.setdefault(key, QueueRuntime())
-        rt.due, rt.nudged = 0.0, True
 
     def observe_queue(self, event_type: str | None, body: dict) -> None:
         key = key_of(body)
@@ -129,10 +72,11 @@ class QueueController:
             self.queues.drop(body)
             self.runtime.pop(key, None)
             self.targets.pop(key, None)
+            self.work.forget(key)
         else:
             old = self.queues.put(body)
             if old is None or old["metadata"].get("generation") != body["metadata"].get("generation"):
-                self.nudge(key)
+                self.work.nudge(key)
         for listener in self.listeners:
             listener(key)
 
@@ -144,7 +88,7 @@ class QueueController:
         old = self.deployments.get(key)
         if event_type == "DELETED":
             self.deployments.pop(key, None)
-            self.nudge(key)  # recreate it
+            self.work.nudge(key)  # recreate it
             return
         if not newer(body, old):
             return
@@ -152,15 +96,7 @@ class QueueController:
         rt = self.runtime.get(key)
         drifted = rt is not None and body["metadata"].get("generation") != rt.applied_generation
         if old is None or drifted or control.DeploymentFacts.of(body) != control.DeploymentFacts.of(old):
-            self.nudge(key)
-
-    async def relist(self) -> None:
-        self.queues.replace_all(await self.kube.list_resources("queues", self.namespaces))
-        for key in self.queues.items:
-            self.runtime.setdefault(key, QueueRuntime())
-        for key in [k for k in self.runtime if k not in self.queues.items]:
-            self.runtime.pop(key, None)
-        self.synced.set()
+            self.work.nudge(key)
 
     # -- the loop (leader only) -------------------------------------------------------
 
@@ -171,66 +107,34 @@ class QueueController:
                 if is_leader():
                     if not leading:  # a new term: decisions start from the live objects, not old memory
                         leading = True
-                        self._term_started = time.monotonic()
-                        for rt in self.runtime.values():
-                            rt.scaling, rt.applied_generation, rt.settings, rt.due = None, None, None, 0.0
-                            rt.reconciled_at = None
+                        self.runtime.clear()
+                        self.work.reset()
                     await self.step()
                 elif leading:
                     leading = False
-                    await self.stop()  # a former leader's reconciles must not write any more
+                    await self.work.stop()  # a former leader's reconciles must not write any more
                 await asyncio.sleep(interval)
         finally:
-            await self.stop()
+            await self.work.stop()
 
     async def step(self) -> None:
-        if time.monotonic() >= self._next_list:
-            try:
-                await asyncio.wait_for(self.relist(), self.deadline)
-                self._next_list = time.monotonic() + self.relist_every
-            except Exception as exc:
-                log.warning("listing Queues failed: %s", _describe(exc))
-                self._next_list = time.monotonic() + 2.0
-            if not self.synced.is_set():
-                return
-        now = self.clock()
-        for key in list(self.queues.items):
-            rt = self.runtime.setdefault(key, QueueRuntime())
-            running = self._running.get(key)
-            if rt.due <= now and (running is None or running.done()):
-                self._running[key] = asyncio.create_task(self._reconcile_bounded(key), name=f"queue {key[0]}/{key[1]}")
-        for key in [k for k, t in self._running.items() if t.done()]:
-            del self._running[key]
-        finished = [rt.reconciled_at for rt in self.runtime.values()]
-        if finished:
-            oldest = None if None in finished else min(finished)
-            metrics.OLDEST_RECONCILE.set(time.monotonic() - (oldest if oldest is not None else self._term_started))
+        if await self.queues.refresh(self.deadline, "Queues"):
+            self.work.start_due(list(self.queues.items))
+            metrics.OLDEST_RECONCILE.set(self.work.oldest_age())
 
-    async def _reconcile_bounded(self, key: Key) -> None:
-        rt = self.runtime.setdefault(key, QueueRuntime())
-        rt.due, rt.nudged = float("inf"), False  # not again until this one is done
-        interval = 10.0
-        ok = False
+    def _poll_interval(self, key: Key) -> float:
         try:
-            async with self._limit:
-                body = self.queues.items.get(key)
-                if body is None:
-                    return
-                interval = _poll_interval(body)
-                ok = await asyncio.wait_for(self.reconcile(key, body), self.deadline)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning("%s/%s: reconcile failed: %s", *key, _describe(exc, self.targets.get(key)))
-            metrics.POLL_ERRORS.labels(f"{key[0]}/{key[1]}").inc()
-        finally:
-            if key in self.runtime:
-                rt.failures = 0 if ok else rt.failures + 1
-                rt.due = self.clock() + (interval if ok else backoff(rt.failures, interval))
-                if rt.nudged:  # changed while this reconcile read the old state
-                    rt.due = 0.0
-                rt.reconciled_at = time.monotonic()
-                metrics.RECONCILES.labels("ok" if ok else "retry").inc()
+            return float((((self.queues.items.get(key) or {}).get("spec") or {}).get("scaling") or {})
+                         .get("pollIntervalSeconds") or 10)
+        except (TypeError, ValueError):
+            return 10.0
+
+    def _finished(self, key: Key, ok: bool) -> None:
+        metrics.RECONCILES.labels("ok" if ok else "retry").inc()
+
+    async def _reconcile_key(self, key: Key) -> bool:
+        body = self.queues.items.get(key)
+        return True if body is None else await self.reconcile(key, body)
 
     # -- one reconcile ----------------------------------------------------------------
 
@@ -249,7 +153,7 @@ class QueueController:
                                                       decision=None, replicas_before=None))
             return False
 
-        stats, workers, redis_problem = await self._observe_redis(key, rt, spec)
+        stats, workers, redis_problem = await self._observe_redis(key, spec)
         live = self.deployments.get(key)
         decision = None
         replicas_before = None
@@ -297,7 +201,7 @@ class QueueController:
                                            "up" if decision.replicas > replicas_before else "down").inc()
         return redis_problem is None and apply_problem is None
 
-    async def _observe_redis(self, key: Key, rt: QueueRuntime, spec: QueueSpec):
+    async def _observe_redis(self, key: Key, spec: QueueSpec):
         """Settings, bounded maintenance, stats and workers; or the problem that stopped them."""
         target = None
         try:
@@ -334,7 +238,7 @@ class QueueController:
             try:
                 await self.kube.post_event(body, type=event.type, reason=event.reason, message=event.message)
             except Exception as exc:  # an Event that cannot be posted is logged, never fatal
-                log.warning("could not post Event %s on %s/%s: %s", event.reason, *key, _describe(exc))
+                log.warning("could not post Event %s on %s/%s: %s", event.reason, *key, describe_failure(exc))
             if event.type == "Warning":
                 log.warning("%s/%s: %s: %s", *key, event.reason, event.message)
 
@@ -349,20 +253,6 @@ class QueueController:
             if (pod["metadata"].get("annotations") or {}).get(builders.DELETION_COST) != costs[pod_name]:
                 await self.kube.annotate_pod(namespace, pod_name, {builders.DELETION_COST: costs[pod_name]})
 
-    async def stop(self) -> None:
-        tasks = list(self._running.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._running.clear()
-
-
-def _poll_interval(body: dict) -> float:
-    try:
-        return float(((body.get("spec") or {}).get("scaling") or {}).get("pollIntervalSeconds") or 10)
-    except (TypeError, ValueError):
-        return 10.0
-
 
 def _needs_apply(live: dict | None, desired: dict, rt: QueueRuntime) -> bool:
     if live is None:
@@ -373,7 +263,7 @@ def _needs_apply(live: dict | None, desired: dict, rt: QueueRuntime) -> bool:
             or live["metadata"].get("generation") != rt.applied_generation)
 
 
-def _describe(exc: BaseException, target: RedisTarget | None = None) -> str:
+def describe_failure(exc: BaseException, target: RedisTarget | None = None) -> str:
     """A failure for the log: the API server's message or the exception, without credentials."""
     text = api_error(exc) if isinstance(exc, ApiException) else (str(exc) or type(exc).__name__)
     return scrub(text, *(target.secrets if target else ()))

@@ -26,10 +26,11 @@ from effectmq.scheduler.model import ScheduleSpec
 
 from . import builders, metrics
 from .connections import Connections, RedisTarget
-from .controller import Key, QueueController, Registry, _describe, backoff, key_of
+from .controller import QueueController, describe_failure
 from .kube import Kube
 from .spec import InvalidSpec, QueueSpec
 from .status import Check, Problem, conditions, schedule_progress
+from .workqueue import Key, Registry, WorkQueue, backoff, key_of
 
 log = logging.getLogger("effectmq.operator.schedules")
 RESYNC_EVERY = 60.0  # seconds between full reconciles of an unchanged Schedule
@@ -38,56 +39,56 @@ GC_EVERY = 60.0  # seconds between comparisons of a Redis' schedules with the li
 
 @dataclass
 class ScheduleRuntime:
-    due: float = 0.0
-    failures: int = 0
     placed: RedisTarget | None = None  # where the definition is stored
     stored: str | None = None  # the definition as last stored there (JSON)
-    nudged: bool = False  # changed: reconcile again, also when it changed during a reconcile
 
 
 class ScheduleController:
     def __init__(self, kube: Kube, connections: Connections, queues: QueueController, *,
                  namespaces: list[str] = (), tick_every: float = 1.0, deadline: float = 10.0,
-                 concurrency: int = 16, clock: Callable[[], float] = time.monotonic):
+                 concurrency: int = 16):
         self.kube = kube
         self.connections = connections
         self.queues = queues
         self.namespaces = list(namespaces)
         self.tick_every = tick_every
         self.deadline = deadline
-        self.clock = clock
-        self.schedules = Registry()
+        self.schedules = Registry(lambda: kube.list_resources("schedules", self.namespaces),
+                                  relist_every=RESYNC_EVERY)
         self.runtime: dict[Key, ScheduleRuntime] = {}
-        self.synced = asyncio.Event()
-        self._limit = asyncio.Semaphore(concurrency)
-        self._running: dict[Key, asyncio.Task] = {}
+        self.work = WorkQueue(self._reconcile_key, interval=lambda key: RESYNC_EVERY, concurrency=concurrency,
+                              deadline=deadline, describe=lambda key, exc: describe_failure(exc, self._placed(key)))
         self._tickers: dict[RedisTarget, asyncio.Task] = {}
         self._removals: set[asyncio.Task] = set()
-        self._next_list = 0.0
         queues.listeners.append(self._queue_changed)
 
-    # -- registry ----------------------------------------------------------------------
+    @property
+    def synced(self) -> asyncio.Event:
+        return self.schedules.synced
 
-    def nudge(self, key: Key) -> None:
-        rt = self.runtime.setdefault(key, ScheduleRuntime())
-        rt.due, rt.nudged = 0.0, True
+    def _placed(self, key: Key) -> RedisTarget | None:
+        rt = self.runtime.get(key)
+        return rt.placed if rt else None
+
+    # -- registry ----------------------------------------------------------------------
 
     def observe(self, event_type: str | None, body: dict) -> None:
         key = key_of(body)
         if event_type == "DELETED":
             self.schedules.drop(body)
+            self.work.forget(key)
             rt = self.runtime.pop(key, None)
             if rt is not None and rt.placed is not None:
                 self._remove_soon(rt.placed, key)  # if this fails, the next GC pass removes it
             return
         old = self.schedules.put(body)
         if old is None or old["metadata"].get("generation") != body["metadata"].get("generation"):
-            self.nudge(key)
+            self.work.nudge(key)
 
     def _queue_changed(self, queue_key: Key) -> None:
         for key, body in self.schedules.items.items():
             if key[0] == queue_key[0] and _queue_ref(body) == queue_key[1]:
-                self.nudge(key)
+                self.work.nudge(key)
 
     def _remove_soon(self, target: RedisTarget, key: Key) -> None:
         async def remove() -> None:
@@ -95,16 +96,10 @@ class ScheduleController:
                 await asyncio.wait_for(self.connections.scheduler(target).remove(builders.schedule_id(*key)),
                                        self.deadline)
             except Exception as exc:
-                log.warning("could not remove schedule %s/%s yet: %s", *key, _describe(exc, target))
+                log.warning("could not remove schedule %s/%s yet: %s", *key, describe_failure(exc, target))
         task = asyncio.get_running_loop().create_task(remove())
         self._removals.add(task)
         task.add_done_callback(self._removals.discard)
-
-    async def relist(self) -> None:
-        self.schedules.replace_all(await self.kube.list_resources("schedules", self.namespaces))
-        for key in self.schedules.items:
-            self.runtime.setdefault(key, ScheduleRuntime())
-        self.synced.set()
 
     # -- the loop (leader only; driven by the Queue loop's leadership) -------------------
 
@@ -116,57 +111,28 @@ class ScheduleController:
                     if not leading:
                         leading = True
                         for rt in self.runtime.values():
-                            rt.due, rt.stored = 0.0, None
+                            rt.stored = None  # put each definition once per term
+                        self.work.reset()
                     await self.step()
                 elif leading:
                     leading = False
-                    await self._stop_tickers()
+                    await self._stop()
                 await asyncio.sleep(interval)
         finally:
-            await self._stop_tickers()
+            await self._stop()
 
     async def step(self) -> None:
-        if time.monotonic() >= self._next_list:
-            try:
-                await asyncio.wait_for(self.relist(), self.deadline)
-                self._next_list = time.monotonic() + RESYNC_EVERY
-            except Exception as exc:
-                log.warning("listing Schedules failed: %s", _describe(exc))
-                self._next_list = time.monotonic() + 2.0
-        if not (self.synced.is_set() and self.queues.synced.is_set()):
+        if not (await self.schedules.refresh(self.deadline, "Schedules") and self.queues.synced.is_set()):
             return
-        now = self.clock()
-        for key in list(self.schedules.items):
-            rt = self.runtime.setdefault(key, ScheduleRuntime())
-            running = self._running.get(key)
-            if rt.due <= now and (running is None or running.done()):
-                self._running[key] = asyncio.create_task(self._reconcile_bounded(key))
-        for key in [k for k, t in self._running.items() if t.done()]:
-            del self._running[key]
+        self.work.start_due(list(self.schedules.items))
         for target in set(self.queues.targets.values()) | {rt.placed for rt in self.runtime.values() if rt.placed}:
             ticker = self._tickers.get(target)
             if ticker is None or ticker.done():
                 self._tickers[target] = asyncio.create_task(self._tick_loop(target), name=f"ticks {target!r}")
 
-    async def _reconcile_bounded(self, key: Key) -> None:
-        rt = self.runtime.setdefault(key, ScheduleRuntime())
-        rt.due, rt.nudged = float("inf"), False
-        ok = False
-        try:
-            async with self._limit:
-                body = self.schedules.items.get(key)
-                if body is not None:
-                    ok = await asyncio.wait_for(self.reconcile(key, body), self.deadline)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning("%s/%s: schedule reconcile failed: %s", *key, _describe(exc, rt.placed))
-        finally:
-            if key in self.runtime:
-                rt.failures = 0 if ok else rt.failures + 1
-                rt.due = self.clock() + (RESYNC_EVERY if ok else backoff(rt.failures, 30.0))
-                if rt.nudged:
-                    rt.due = 0.0
+    async def _reconcile_key(self, key: Key) -> bool:
+        body = self.schedules.items.get(key)
+        return True if body is None else await self.reconcile(key, body)
 
     async def reconcile(self, key: Key, body: dict) -> bool:
         """Validate a Schedule, place it in its Queue's Redis (or take it out), write its status."""
@@ -244,7 +210,7 @@ class ScheduleController:
             try:
                 await self.kube.post_event(body, type="Warning", reason=problem.reason, message=problem.message)
             except Exception as exc:
-                log.warning("could not post Event %s on %s/%s: %s", problem.reason, *key, _describe(exc))
+                log.warning("could not post Event %s on %s/%s: %s", problem.reason, *key, describe_failure(exc))
 
     # -- ticks, per Redis ------------------------------------------------------------------
 
@@ -299,7 +265,7 @@ class ScheduleController:
             except Exception as exc:
                 failures += 1
                 if failures in (1, 10) or failures % 60 == 0:
-                    log.warning("schedule pass on %r failed: %s", target, _describe(exc, target))
+                    log.warning("schedule pass on %r failed: %s", target, describe_failure(exc, target))
                 await asyncio.sleep(backoff(failures, 10.0))
 
     async def _mirror(self, target: RedisTarget, schedule_ids: list[str]) -> None:
@@ -316,13 +282,13 @@ class ScheduleController:
                 if written is not None:
                     self.schedules.put(written)
 
-    async def _stop_tickers(self) -> None:
-        tasks = list(self._tickers.values()) + list(self._running.values())
+    async def _stop(self) -> None:
+        tasks = list(self._tickers.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tickers.clear()
-        self._running.clear()
+        await self.work.stop()
 
 
 def _queue_ref(body: dict) -> str:

@@ -5,7 +5,6 @@ event that arrives while a reconcile is awaiting its apply."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 
 import yaml
@@ -69,11 +68,12 @@ async def test_a_deployment_event_during_the_apply_is_not_lost(redis_url):
                    "spec": {"replicas": 0}}
         controller.observe_deployment("MODIFIED", rolled_out(applied, "6"))
     kube.during_apply = controller_reports_rollout
-    await controller._reconcile_bounded(("shop", "emails"))
-    assert controller.deployments[("shop", "emails")]["metadata"]["resourceVersion"] == "6"  # not the older reply
-    assert controller.runtime[("shop", "emails")].due == 0.0  # the change seen meanwhile is reconciled at once
+    key = ("shop", "emails")
+    await controller.work.run_due([key])
+    assert controller.deployments[key]["metadata"]["resourceVersion"] == "6"  # not the older reply
+    assert controller.work.due(key) == 0.0  # the change seen meanwhile is reconciled at once
     kube.during_apply = None
-    await controller._reconcile_bounded(("shop", "emails"))
+    await controller.work.run_due([key])
     ready = kube.status_writes[-1]["conditions"][0]
     assert (ready["type"], ready["status"]) == ("Ready", "True"), kube.status_writes[-1]["conditions"]
     await controller.connections.close()
