@@ -59,13 +59,13 @@ class Scheduler(OwnsConnection):
     def __init__(self, redis: str | aioredis.Redis | None = None, *, namespace: str = "default",
                  prefix: str = "emq", batch: int = 1000, max_per_pass: int = 20_000,
                  error_backoff: float = 30.0, before_offer: BeforeOffer | None = None,
-                 after_offer: AfterOffer | None = None):
+                 after_offer: AfterOffer | None = None, url: str | None = None):
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise InvalidOption(f"batch must be a positive integer, got {batch!r}")
         if isinstance(redis, str):
             redis, self._owns_client, self.url = connect(url=redis)
         else:
-            redis, self._owns_client, self.url = connect(redis)
+            redis, self._owns_client, self.url = connect(redis, url)  # url: how messages name a given client
         self.redis = redis
         self.prefix = prefix
         self.store = ScheduleStore(redis, namespace=namespace, prefix=prefix, url=self.url)

@@ -124,14 +124,14 @@ class Connections:
     def queue(self, target: RedisTarget, name: str) -> effectmq.TaskQueue:
         q = self._queues.get((target, name))
         if q is None:
-            q = effectmq.TaskQueue(name, redis=self.client(target))
+            q = effectmq.TaskQueue(name, redis=self.client(target), url=target.url)  # url: for messages, masked
             self._queues[(target, name)] = q
         return q
 
     def scheduler(self, target: RedisTarget) -> Scheduler:
         scheduler = self._schedulers.get(target)
         if scheduler is None:
-            scheduler = Scheduler(self.client(target), namespace=SCHEDULER_NAMESPACE)
+            scheduler = Scheduler(self.client(target), namespace=SCHEDULER_NAMESPACE, url=target.url)
             self._schedulers[target] = scheduler
         return scheduler
 
@@ -143,9 +143,11 @@ class Connections:
         if isinstance(exc, effectmq.InvalidOption):
             return Problem("InvalidSpec", scrub(str(exc), *secrets), permanent=True)
         self.forget(target)
-        if isinstance(exc, (effectmq.RedisUnavailable, asyncio.TimeoutError, TimeoutError)):
-            text = str(exc) or "no reply in time"
-            return Problem("RedisUnreachable", scrub(f"Redis unreachable: {text}", *secrets))
+        if isinstance(exc, effectmq.RedisUnavailable):
+            return Problem("RedisUnreachable", scrub(str(exc), *secrets))
+        if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+            where = f" at {target!r}" if target else ""
+            return Problem("RedisUnreachable", f"Redis{where} did not answer in time")
         return Problem("RedisError", scrub(f"Redis error: {type(exc).__name__}: {exc}", *secrets))
 
     async def prune(self, live: set[RedisTarget]) -> None:

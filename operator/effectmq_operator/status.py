@@ -62,7 +62,7 @@ def conditions(checks: list[Check], problem: Problem | None, generation: int | N
         summary = [Check("Ready", "False", problem.reason, problem.message),
                    Check("Reconciling", "False" if problem.permanent else "True", problem.reason, problem.message),
                    Check("Stalled", "True" if problem.permanent else "False", problem.reason,
-                         problem.message if problem.permanent else "retrying")]
+                         problem.message if problem.permanent else "not stalled: retrying")]
     previous = list(previous or ())
     return [condition(c, generation, previous, now) for c in summary + checks]
 
