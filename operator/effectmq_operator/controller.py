@@ -204,6 +204,7 @@ class QueueController:
     async def _observe_redis(self, key: Key, spec: QueueSpec):
         """Settings, bounded maintenance, stats and workers; or the problem that stopped them."""
         target = None
+        self.kube.check_leader()  # maintenance and settings are writes too
         try:
             target = await self.connections.target(key[0], spec.redis)
             self.targets[key] = target

@@ -59,6 +59,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
                                  lease_seconds=lease_seconds, renew_deadline=lease_seconds * 2 / 3,
                                  retry_period=lease_seconds / 7.5)
     is_leader = lambda: memo.elector.is_leader  # noqa: E731
+    kube.may_write = is_leader  # checked again at every write: a reconcile in flight when leadership ends stops
     memo.tasks = [
         asyncio.create_task(memo.elector.run(), name="effectmq-leader"),
         asyncio.create_task(memo.queues.run(is_leader), name="effectmq-queues"),

@@ -15,7 +15,7 @@ import socket
 import time
 from collections import OrderedDict
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 import kubernetes
 import urllib3
@@ -29,6 +29,10 @@ FIELD_MANAGER = "effectmq-operator"
 REQUEST_TIMEOUT = (3.0, 10.0)  # connect, read: seconds
 EVENT_SERIES_WINDOW = 600.0  # a repeated Event within this window bumps the count of the first
 log = logging.getLogger("effectmq.operator.kube")
+
+
+class NotLeader(Exception):
+    """A write was refused because this replica no longer leads (a deposed leader never writes)."""
 
 
 def load_config() -> None:
@@ -67,12 +71,22 @@ class Kube:
         self.timeout = request_timeout
         self.pool = DaemonThreadPool(threads, "effectmq-kube")
         self.requests = 0  # API calls made, for the fan-out bench and metrics
+        self.may_write: Callable[[], bool] = lambda: True  # the leader election's verdict, checked per write
         self._events: OrderedDict[tuple, tuple[str, int, float]] = OrderedDict()
 
     async def _call(self, fn, *args, **kwargs) -> Any:
         self.requests += 1
         metrics.API_REQUESTS.inc()
         return await self.pool.run(fn, *args, _request_timeout=self.timeout, **kwargs)
+
+    def check_leader(self) -> None:
+        """Raise NotLeader unless this replica still leads (before any write, to Kubernetes or Redis)."""
+        if not self.may_write():
+            raise NotLeader("not the leader any more: write skipped")
+
+    async def _write(self, fn, *args, **kwargs) -> Any:
+        self.check_leader()
+        return await self._call(fn, *args, **kwargs)
 
     def _plain(self, obj: Any) -> Any:
         return self.api.sanitize_for_serialization(obj)
@@ -93,7 +107,7 @@ class Kube:
     async def patch_status(self, plural: str, namespace: str, name: str, status: dict) -> dict | None:
         """Merge-patch a resource's status; returns the object after the write, None when it is gone."""
         try:
-            return await self._call(self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace,
+            return await self._write(self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace,
                                     plural, name, {"status": status})
         except ApiException as exc:
             if exc.status == 404:
@@ -105,7 +119,7 @@ class Kube:
     async def apply(self, body: dict) -> dict:
         """Server-side apply of a Deployment we own (our field manager, conflicts forced)."""
         meta = body["metadata"]
-        result = await self._call(
+        result = await self._write(
             self.apps.patch_namespaced_deployment, meta["name"], meta["namespace"], body,
             field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml",
         )
@@ -121,7 +135,7 @@ class Kube:
 
     async def delete_deployment(self, namespace: str, name: str) -> None:
         try:
-            await self._call(self.apps.delete_namespaced_deployment, name, namespace)
+            await self._write(self.apps.delete_namespaced_deployment, name, namespace)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -132,7 +146,7 @@ class Kube:
 
     async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         try:
-            await self._call(self.core.patch_namespaced_pod, name, namespace, {"metadata": {"annotations": annotations}})
+            await self._write(self.core.patch_namespaced_pod, name, namespace, {"metadata": {"annotations": annotations}})
         except ApiException as exc:
             if exc.status != 404:  # the pod went away meanwhile
                 raise
@@ -164,7 +178,7 @@ class Kube:
         if seen is not None and now - seen[2] < EVENT_SERIES_WINDOW:
             name, count, _ = seen
             try:
-                await self._call(self.core.patch_namespaced_event, name, meta["namespace"],
+                await self._write(self.core.patch_namespaced_event, name, meta["namespace"],
                                  {"count": count + 1, "lastTimestamp": stamp})
                 self._events[key] = (name, count + 1, now)
                 self._events.move_to_end(key)
@@ -180,7 +194,7 @@ class Kube:
             "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
             "reportingInstance": socket.gethostname(), "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
         }
-        created = await self._call(self.core.create_namespaced_event, meta["namespace"], body)
+        created = await self._write(self.core.create_namespaced_event, meta["namespace"], body)
         self._events[key] = (created.metadata.name, 1, now)
         while len(self._events) > 4096:
             self._events.popitem(last=False)

@@ -27,7 +27,7 @@ from effectmq.scheduler.model import ScheduleSpec
 from . import builders, metrics
 from .connections import Connections, RedisTarget
 from .controller import QueueController, describe_failure
-from .kube import Kube
+from .kube import Kube, NotLeader
 from .spec import InvalidSpec, QueueSpec
 from .status import Check, Problem, conditions, schedule_progress
 from .workqueue import Key, Registry, WorkQueue, backoff, key_of
@@ -169,6 +169,7 @@ class ScheduleController:
                 checks.append(Check.of("RedisReachable", False, unusable.reason, unusable.message))
                 problem = problem or unusable
         retry = False
+        self.kube.check_leader()
         try:
             if rt.placed is not None and (definition is None or target is None or rt.placed != target):
                 await self.connections.scheduler(rt.placed).remove(builders.schedule_id(*key))
@@ -248,6 +249,7 @@ class ScheduleController:
         failures = 0
         while True:
             try:
+                self.kube.check_leader()
                 if time.monotonic() >= next_gc:  # always before the first pass
                     await asyncio.wait_for(self.collect_garbage(target), self.deadline)
                     next_gc = time.monotonic() + GC_EVERY
@@ -262,6 +264,8 @@ class ScheduleController:
                 await asyncio.sleep(0 if report.more else self.tick_every)
             except asyncio.CancelledError:
                 raise
+            except NotLeader:
+                await asyncio.sleep(self.tick_every)  # the loop is stopped when leadership ends
             except Exception as exc:
                 failures += 1
                 if failures in (1, 10) or failures % 60 == 0:

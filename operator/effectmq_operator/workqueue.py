@@ -158,7 +158,9 @@ class WorkQueue:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("%s/%s: reconcile failed: %s", *key, self._describe(key, exc))
+            quiet = type(exc).__name__ == "NotLeader"  # leadership just ended: not a failure of this key
+            log.log(logging.DEBUG if quiet else logging.WARNING, "%s/%s: reconcile failed: %s", *key,
+                    self._describe(key, exc))
         finally:
             if self._slots.get(key) is slot:
                 slot.failures = 0 if ok else slot.failures + 1

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import yaml
 
 from effectmq_operator.connections import Connections
 from effectmq_operator.controller import QueueController
+from effectmq_operator.kube import Kube, NotLeader
 from tests.support.processes import ROOT
 
 QUEUE = yaml.safe_load((ROOT / "examples/k8s/queue.yaml").read_text())
@@ -22,6 +24,9 @@ class ScriptedKube:
     def __init__(self):
         self.during_apply = None
         self.status_writes: list[dict] = []
+
+    def check_leader(self):
+        pass
 
     async def apply(self, body):
         applied = copy.deepcopy(body)
@@ -77,3 +82,16 @@ async def test_a_deployment_event_during_the_apply_is_not_lost(redis_url):
     ready = kube.status_writes[-1]["conditions"][0]
     assert (ready["type"], ready["status"]) == ("Ready", "True"), kube.status_writes[-1]["conditions"]
     await controller.connections.close()
+
+
+async def test_a_deposed_leader_writes_nothing():
+    kube = Kube()  # points nowhere: any call that got through would fail differently
+    kube.may_write = lambda: False
+    with pytest.raises(NotLeader):
+        await kube.patch_status("queues", "shop", "emails", {"replicas": 1})
+    with pytest.raises(NotLeader):
+        await kube.apply({"metadata": {"name": "emails-worker", "namespace": "shop"}})
+    with pytest.raises(NotLeader):
+        await kube.post_event({"metadata": {"name": "emails", "namespace": "shop", "uid": "u"}}, type="Normal",
+                              reason="Scaled", message="scale up to 1")
+    assert kube.requests == 0
