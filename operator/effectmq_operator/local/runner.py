@@ -217,8 +217,9 @@ class LocalRunner:
         for _ in range(decision.replicas - len(running)):
             self._spawn(lq)
         surplus = len(running) - decision.replicas
-        if surplus > 0:  # idle workers go first, like pod-deletion-cost on Kubernetes
-            for w in sorted(running, key=lambda w: announced.get(w.name, (0, 0))[0])[:surplus]:
+        if surplus > 0:  # idle workers go first: the operator's pod-deletion-cost, applied here
+            costs = control.pod_costs(announced, [w.name for w in running])
+            for w in sorted(running, key=lambda w: int(costs[w.name]))[:surplus]:
                 w.stopping = True
                 w.proc.send_signal(signal.SIGTERM)
 
