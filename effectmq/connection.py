@@ -56,7 +56,8 @@ def connect(client: aioredis.Redis | None = None, url: str | None = None, *, max
     """The given client (checked), or a new one for `url`, EFFECTMQ_REDIS_URL or the default.
 
     Returns (client, whether the caller owns it and must close it, the URL with its
-    password masked: the only form of it fit for messages).
+    password masked: the only form of it fit for messages). With `max_connections`,
+    callers beyond the bound wait (up to the socket timeout) for a free connection.
     The socket timeout bounds every reply, so a partition cannot hang a call.
     """
     if client is not None:
@@ -69,9 +70,14 @@ def connect(client: aioredis.Redis | None = None, url: str | None = None, *, max
         raise InvalidOption("the Redis URL is not a redis://, rediss:// or unix:// URL that can be read safely "
                             "(not shown: it may hold a password); percent-encode / ? # @ : in a password")
     try:
-        client = aioredis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5,
-                                         socket_timeout=socket_timeout, health_check_interval=30,
-                                         max_connections=max_connections, **tls_options)
+        options = dict(decode_responses=True, socket_connect_timeout=5, socket_timeout=socket_timeout,
+                       health_check_interval=30, **tls_options)
+        if max_connections is None:
+            client = aioredis.Redis.from_url(url, **options)
+        else:  # a bounded pool waits for a free connection instead of failing with "Too many connections"
+            pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=max_connections,
+                                                           timeout=socket_timeout, **options)
+            client = aioredis.Redis.from_pool(pool)  # owns the pool: closed with the client
     except ValueError as exc:  # e.g. a query option redis-py cannot read
         raise InvalidOption(f"invalid Redis URL {shown}: {scrub(str(exc), *url_secrets(url))}") from None
     return client, True, shown

@@ -66,6 +66,21 @@ class QueueFacts:
     apply_problem: Problem | None = None
 
 
+# Backlog figures change on every poll of a busy queue; written alone, at most this often
+# (a status write per Queue per poll would be most of the API server's traffic).
+FIGURES = frozenset({"backlog", "oldestWaitingSeconds"})
+FIGURES_EVERY = 60.0
+
+
+def needs_write(live: Mapping[str, Any], new: Mapping[str, Any], figures_age: float | None) -> bool:
+    """Whether a computed status must be written: anything but the figures changed, or the
+    figures changed and were last written `figures_age` seconds ago (None: never)."""
+    changed = {k for k, v in new.items() if live.get(k) != v}
+    if changed - FIGURES:
+        return True
+    return bool(changed) and (figures_age is None or figures_age >= FIGURES_EVERY)
+
+
 @dataclass(frozen=True)
 class Event:
     type: str  # Normal | Warning

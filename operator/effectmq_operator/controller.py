@@ -32,6 +32,7 @@ from .workqueue import Key, Registry, WorkQueue, key_of, newer
 log = logging.getLogger("effectmq.operator")
 MAINTENANCE_BATCH = 200
 MAINTENANCE_ROUNDS = 5  # at most this many batches per poll: bounded whatever the backlog
+SETTINGS_EVERY = 300.0  # queue settings are written when they change, and again this often
 
 
 @dataclass
@@ -40,6 +41,9 @@ class QueueRuntime:
 
     scaling: scaling.ScalingState | None = None
     applied_generation: int | None = None  # the Deployment's generation after our last apply
+    settings: tuple | None = None  # (Redis, settings) last written there
+    settings_at: float = 0.0
+    status_at: float | None = None  # monotonic time of our last status write
 
 
 class QueueController:
@@ -210,7 +214,10 @@ class QueueController:
             self.targets[key] = target
             q = self.connections.queue(target, builders.queue_name(*key))
             settings = builders.queue_settings(spec)
-            await q.configure(**settings)
+            rt = self.runtime.setdefault(key, QueueRuntime())
+            if rt.settings != (target, settings) or time.monotonic() - rt.settings_at > SETTINGS_EVERY:
+                await q.configure(**settings)  # it also wakes idle workers: not on every poll
+                rt.settings, rt.settings_at = (target, settings), time.monotonic()
             for _ in range(MAINTENANCE_ROUNDS):
                 report = await q.maintain(batch=MAINTENANCE_BATCH)
                 metrics.record_maintenance(q.name, report)
@@ -230,9 +237,11 @@ class QueueController:
 
     async def _write(self, key: Key, body: dict, plan: control.Plan) -> None:
         """Status only when it changed; then the plan's Events."""
-        live = body.get("status") or {}
-        if any(live.get(k) != v for k, v in plan.status.items()):
+        rt = self.runtime.setdefault(key, QueueRuntime())
+        age = None if rt.status_at is None else time.monotonic() - rt.status_at
+        if control.needs_write(body.get("status") or {}, plan.status, age):
             written = await self.kube.patch_status("queues", key[0], key[1], plan.status)
+            rt.status_at = time.monotonic()
             if written is not None:
                 self.queues.put(written)
         for event in plan.events:

@@ -87,3 +87,14 @@ def test_the_scaling_event_is_the_final_decision():
 
 def test_pod_costs_follow_attempts_in_flight():
     assert control.pod_costs({"a": (3, 0), "b": (0, 1)}, ["a", "b", "c"]) == {"a": "3", "b": "0", "c": "0"}
+
+
+def test_backlog_figures_alone_are_written_at_most_once_a_minute():
+    live = {"conditions": [1], "backlog": {"waiting": 5}, "oldestWaitingSeconds": 1.0, "replicas": 1}
+    busier = {**live, "backlog": {"waiting": 9}, "oldestWaitingSeconds": 7.5}
+    assert not control.needs_write(live, live, None)  # nothing changed: no write
+    assert control.needs_write(live, busier, None)  # never written by this operator: write
+    assert not control.needs_write(live, busier, 10.0)
+    assert control.needs_write(live, busier, control.FIGURES_EVERY)
+    assert control.needs_write(live, {**busier, "replicas": 2}, 1.0)  # anything else: at once
+    assert control.needs_write(live, {**live, "conditions": [2]}, 1.0)
