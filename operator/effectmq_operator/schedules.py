@@ -34,6 +34,7 @@ from .workqueue import Key, Registry, WorkQueue, backoff, key_of
 
 log = logging.getLogger("effectmq.operator.schedules")
 RESYNC_EVERY = 60.0  # seconds between full reconciles of an unchanged Schedule
+MIRROR_EVERY = 30.0  # a Schedule that fires more often gets its status written at most this often
 GC_EVERY = 60.0  # seconds between comparisons of a Redis' schedules with the live resources
 
 
@@ -41,6 +42,7 @@ GC_EVERY = 60.0  # seconds between comparisons of a Redis' schedules with the li
 class ScheduleRuntime:
     placed: RedisTarget | None = None  # where the definition is stored
     stored: str | None = None  # the definition as last stored there (JSON)
+    mirrored_at: float | None = None  # monotonic time its ticks were last copied into the status
 
 
 class ScheduleController:
@@ -274,8 +276,13 @@ class ScheduleController:
 
     async def _mirror(self, target: RedisTarget, schedule_ids: list[str]) -> None:
         """Copy the scheduler's state of the schedules a pass touched into their status."""
-        states = await self.connections.scheduler(target).statuses(schedule_ids)
-        for schedule_id, state in zip(schedule_ids, states):
+        now = time.monotonic()
+        due = [i for i in schedule_ids if (rt := self.runtime.get(tuple(i.split("/", 1)))) is not None
+               and (rt.mirrored_at is None or now - rt.mirrored_at >= MIRROR_EVERY)]
+        if not due:
+            return
+        states = await self.connections.scheduler(target).statuses(due)
+        for schedule_id, state in zip(due, states):
             key = tuple(schedule_id.split("/", 1))
             body = self.schedules.items.get(key)
             if state is None or body is None:
@@ -283,6 +290,7 @@ class ScheduleController:
             progress = schedule_progress(state)
             if any((body.get("status") or {}).get(k) != v for k, v in progress.items()):
                 written = await self.kube.patch_status("schedules", key[0], key[1], progress)
+                self.runtime[key].mirrored_at = time.monotonic()
                 if written is not None:
                     self.schedules.put(written)
 

@@ -130,6 +130,19 @@ def test_a_stuck_rollout_is_not_ready_and_kstatus_says_failed(kube_control_plane
     wait_for(lambda: kstatus(get(plane, ns, "schedule", "good")).status == "Current", what="good Schedule Current")
     wait_for(lambda: kstatus(get(plane, ns, "schedule", "bad")).status == "Failed", what="bad Schedule Failed")
 
+    # A Schedule whose Queue's Redis is down is catching up (InProgress); one without its Queue is Failed.
+    apply(plane, ns, queue_manifest("offline", "redis://127.0.0.1:1/0", scaling=FAST))
+    for name, queue in (("waiting", "offline"), ("orphan", "absent")):
+        plane.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump({
+            "apiVersion": "effectmq.io/v1alpha1", "kind": "Schedule", "metadata": {"name": name},
+            "spec": {"queueRef": {"name": queue}, "schedule": "*/5 * * * * *", "task": {"name": "send_report"}}}))
+    waiting = wait_for(lambda: (s := get(plane, ns, "schedule", "waiting")) and condition(s, "Ready") and s,
+                       what="status of the Schedule whose Redis is down")
+    assert condition(waiting, "Ready")["reason"] == "RedisUnreachable" and kstatus(waiting).status == "InProgress"
+    wait_for(lambda: kstatus(get(plane, ns, "schedule", "orphan")).status == "Failed"
+             and condition(get(plane, ns, "schedule", "orphan"), "Ready")["reason"] == "QueueNotFound",
+             what="a Schedule without its Queue is Failed")
+
 
 PASSWORD = "pl4nted-Op3rator-s3cret"
 
