@@ -13,6 +13,7 @@ VERSION = "v1alpha1"
 METRICS_PORT = 9100
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 SPEC_HASH = f"{GROUP}/spec-hash"  # on the Deployment: what the operator last applied
+FIELD_MANAGER = "effectmq-operator"  # server-side apply's manager name, and the Events' reporting component
 MANAGED_BY = {"app.kubernetes.io/managed-by": "effectmq-operator"}
 CA_DIR = "/etc/effectmq/redis-ca"  # where worker pods mount spec.redis.tls.caFrom
 

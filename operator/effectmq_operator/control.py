@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping
 
-from . import scaling
+from . import builders, scaling
 from .spec import QueueSpec
 from .status import Check, Problem, conditions, now_iso
 
@@ -99,6 +99,30 @@ def scale(spec: QueueSpec, stats: Any, workers: Mapping[str, tuple[int, int]], c
     """Replicas for a queue from its backlog and the workers that hold leases."""
     busy = sum(1 for in_flight, _ in workers.values() if in_flight > 0)
     return scaling.decide(spec.scaling, scaling.Observation(stats.waiting, stats.active, current, busy), state, now)
+
+
+def foreign_spec_edits(deployment: Mapping[str, Any]) -> list[str]:
+    """Field managers other than the operator that own fields of the Deployment's spec
+    (kubectl edit, set image, scale...): after a restart they show drift that the
+    operator did not see happen. Status writers (the deployment controller) do not count."""
+    return [m.get("manager", "?") for m in deployment["metadata"].get("managedFields") or []
+            if m.get("manager") != builders.FIELD_MANAGER and m.get("subresource") != "status"
+            and "f:spec" in (m.get("fieldsV1") or {})]
+
+
+def needs_apply(live: Mapping[str, Any] | None, desired: Mapping[str, Any], applied_generation: int | None) -> bool:
+    """Whether the worker Deployment must be applied: missing, another spec or replica
+    count than desired, or edited by someone else since our last apply (a generation we
+    did not make; when we made none yet in this term, fields owned by another manager)."""
+    if live is None:
+        return True
+    annotations = live["metadata"].get("annotations") or {}
+    if (annotations.get(builders.SPEC_HASH) != desired["metadata"]["annotations"][builders.SPEC_HASH]
+            or live["spec"].get("replicas") != desired["spec"]["replicas"]):
+        return True
+    if applied_generation is None:
+        return bool(foreign_spec_edits(live))
+    return live["metadata"].get("generation") != applied_generation
 
 
 def pod_costs(workers: Mapping[str, tuple[int, int]], pods: list[str]) -> dict[str, str]:

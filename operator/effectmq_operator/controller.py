@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from kubernetes.client.rest import ApiException
@@ -43,7 +43,7 @@ class QueueRuntime:
     applied_generation: int | None = None  # the Deployment's generation after our last apply
     settings: tuple | None = None  # (Redis, settings) last written there
     settings_at: float = 0.0
-    status_at: float | None = None  # monotonic time of our last status write
+    status_at: float = field(default_factory=time.monotonic)  # our last status write (or the term's start)
 
 
 class QueueController:
@@ -175,7 +175,9 @@ class QueueController:
                 decision = control.scale(spec, stats, workers, replicas, state, self.clock())
                 rt.scaling, replicas_before, replicas = decision.state, replicas, decision.replicas
             desired = builders.worker_deployment(namespace, name, spec, replicas, owner=body)
-            if _needs_apply(live, desired, rt):
+            if not control.needs_apply(live, desired, rt.applied_generation):
+                rt.applied_generation = live["metadata"].get("generation")  # as we want it: adopt it
+            else:
                 if live is not None and current is not None and replicas < current:
                     await self._protect_busy_pods(namespace, name, workers)
                 try:
@@ -238,8 +240,7 @@ class QueueController:
     async def _write(self, key: Key, body: dict, plan: control.Plan) -> None:
         """Status only when it changed; then the plan's Events."""
         rt = self.runtime.setdefault(key, QueueRuntime())
-        age = None if rt.status_at is None else time.monotonic() - rt.status_at
-        if control.needs_write(body.get("status") or {}, plan.status, age):
+        if control.needs_write(body.get("status") or {}, plan.status, time.monotonic() - rt.status_at):
             written = await self.kube.patch_status("queues", key[0], key[1], plan.status)
             rt.status_at = time.monotonic()
             if written is not None:
@@ -262,15 +263,6 @@ class QueueController:
             pod_name = pod["metadata"]["name"]
             if (pod["metadata"].get("annotations") or {}).get(builders.DELETION_COST) != costs[pod_name]:
                 await self.kube.annotate_pod(namespace, pod_name, {builders.DELETION_COST: costs[pod_name]})
-
-
-def _needs_apply(live: dict | None, desired: dict, rt: QueueRuntime) -> bool:
-    if live is None:
-        return True
-    annotations = live["metadata"].get("annotations") or {}
-    return (annotations.get(builders.SPEC_HASH) != desired["metadata"]["annotations"][builders.SPEC_HASH]
-            or live["spec"].get("replicas") != desired["spec"]["replicas"]
-            or live["metadata"].get("generation") != rt.applied_generation)
 
 
 def describe_failure(exc: BaseException, target: RedisTarget | None = None) -> str:

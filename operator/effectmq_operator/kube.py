@@ -22,10 +22,9 @@ import urllib3
 from kubernetes.client.rest import ApiException
 
 from . import metrics
-from .builders import GROUP, VERSION
+from .builders import FIELD_MANAGER, GROUP, VERSION
 from .threads import DaemonThreadPool
 
-FIELD_MANAGER = "effectmq-operator"
 REQUEST_TIMEOUT = (3.0, 10.0)  # connect, read: seconds
 EVENT_SERIES_WINDOW = 600.0  # a repeated Event within this window bumps the count of the first
 log = logging.getLogger("effectmq.operator.kube")

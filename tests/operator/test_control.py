@@ -98,3 +98,25 @@ def test_backlog_figures_alone_are_written_at_most_once_a_minute():
     assert control.needs_write(live, busier, control.FIGURES_EVERY)
     assert control.needs_write(live, {**busier, "replicas": 2}, 1.0)  # anything else: at once
     assert control.needs_write(live, {**live, "conditions": [2]}, 1.0)
+
+
+def test_needs_apply_sees_drift_also_across_a_restart():
+    from effectmq_operator import builders
+    from effectmq_operator.spec import QueueSpec
+
+    spec = QueueSpec.parse({"redis": {"url": "redis://r:6379/0"}, "worker": {"image": "w:1", "handlers": "a:b"}})
+    desired = builders.worker_deployment("shop", "emails", spec, 2)
+    ours = {"manager": builders.FIELD_MANAGER, "operation": "Apply", "fieldsV1": {"f:spec": {}}}
+    status = {"manager": "kube-controller-manager", "operation": "Update", "subresource": "status",
+              "fieldsV1": {"f:status": {}}}
+    live = {"metadata": {**desired["metadata"], "generation": 4, "managedFields": [ours, status]},
+            "spec": dict(desired["spec"])}
+    assert control.needs_apply(None, desired, None)
+    assert not control.needs_apply(live, desired, 4)
+    assert control.needs_apply(live, desired, 3)  # a generation we did not make
+    assert not control.needs_apply(live, desired, None)  # a new term: nobody else touched the spec
+    edited = {**live, "metadata": {**live["metadata"], "managedFields": [ours, status, {
+        "manager": "kubectl-edit", "operation": "Update", "fieldsV1": {"f:spec": {"f:template": {}}}}]}}
+    assert control.foreign_spec_edits(edited) == ["kubectl-edit"]
+    assert control.needs_apply(edited, desired, None)
+    assert control.needs_apply({**live, "spec": {**live["spec"], "replicas": 5}}, desired, 4)

@@ -380,7 +380,7 @@ def test_the_operator_uses_tls_like_the_workers(kube_control_plane, kube_namespa
 
 def test_edits_to_the_deployment_are_repaired(kube_control_plane, kube_namespace, start_operator, redis_url):
     plane, ns = kube_control_plane, kube_namespace
-    start_operator()
+    operator = start_operator()
     apply(plane, ns, queue_manifest("emails", redis_url, scaling=FAST))
     wait_for(lambda: get(plane, ns, "deployment", "emails-worker"), what="worker Deployment")
     image = lambda: get(plane, ns, "deployment", "emails-worker")["spec"]["template"]["spec"]["containers"][0][  # noqa
@@ -391,3 +391,16 @@ def test_edits_to_the_deployment_are_repaired(kube_control_plane, kube_namespace
     plane.kubectl("scale", "deployment/emails-worker", "--replicas=5", "-n", ns)
     wait_for(lambda: get(plane, ns, "deployment", "emails-worker")["spec"]["replicas"] == 0, timeout=15,
              what="hand scaling reverted to the scaling decision")
+
+    # An edit made while the operator is down is repaired when it is back; an unedited
+    # Deployment is left alone (no apply: its generation stays).
+    operator.stop()
+    plane.kubectl("set", "image", "deployment/emails-worker", "worker=someone/else:2", "-n", ns)
+    again = start_operator(name="operator-again")
+    wait_for(lambda: image() == wanted, timeout=15, what="an edit made while the operator was down reverted")
+    generation = get(plane, ns, "deployment", "emails-worker")["metadata"]["generation"]
+    again.stop()
+    third = start_operator(name="operator-third")  # a third term: nothing to repair
+    wait_for(lambda: 'effectmq_operator_reconciles_total{outcome="ok"}' in third.metrics(), what="reconciled")
+    time.sleep(2)
+    assert get(plane, ns, "deployment", "emails-worker")["metadata"]["generation"] == generation
