@@ -25,6 +25,10 @@ def ready(plane, ns, kind, name):
     return c and (c["status"], c["reason"])
 
 
+def is_ready(plane, ns, kind, name):
+    return (ready(plane, ns, kind, name) or ("",))[0] == "True"
+
+
 def kubectl_wait_ready(plane, ns, what, timeout):
     return plane.kubectl("wait", "--for=condition=Ready", what, "-n", ns, f"--timeout={timeout}", check=False)
 
@@ -35,13 +39,13 @@ def test_a_deleted_deployment_comes_back_and_a_failed_apply_is_retried(kube_cont
     start_operator()
     apply(plane, ns, queue_manifest("emails", redis_url, scaling=FAST))
     first = wait_for(lambda: get(plane, ns, "deployment", "emails-worker"), what="worker Deployment")
-    wait_for(lambda: ready(plane, ns, "queue", "emails") == ("True", "Ready"), what="Ready")
+    wait_for(lambda: is_ready(plane, ns, "queue", "emails"), what="Ready")
 
     plane.kubectl("delete", "deployment", "emails-worker", "-n", ns)
     back = wait_for(lambda: (d := get(plane, ns, "deployment", "emails-worker"))
                     and d["metadata"]["uid"] != first["metadata"]["uid"] and d, timeout=15, what="Deployment back")
     assert back["metadata"]["ownerReferences"][0]["name"] == "emails"
-    wait_for(lambda: ready(plane, ns, "queue", "emails") == ("True", "Ready"), what="Ready again")
+    wait_for(lambda: is_ready(plane, ns, "queue", "emails"), what="Ready again")
 
     # Now the API refuses the Deployment (a quota): the Queue must say so, and heal by itself.
     plane.kubectl("create", "quota", "no-deployments", "-n", ns, "--hard=count/deployments.apps=0")
@@ -159,8 +163,7 @@ def test_a_planted_password_appears_nowhere(kube_control_plane, kube_namespace, 
         manifest = yaml.safe_load(queue_manifest(name, None, scaling=FAST))
         manifest["spec"]["redis"] = {"urlFrom": {"secretKeyRef": {"name": name, "key": "url"}}}
         apply(plane, ns, yaml.safe_dump(manifest))
-    wait_for(lambda: ready(plane, ns, "queue", "good") == ("True", "Ready") or print(
-        get(plane, ns, "queue", "good").get("status")), what="good Queue Ready")
+    wait_for(lambda: is_ready(plane, ns, "queue", "good"), what="good Queue Ready")
     wait_for(lambda: ready(plane, ns, "queue", "wrong") == ("False", "RedisError")
              or ready(plane, ns, "queue", "wrong") == ("False", "RedisUnreachable"), what="wrong password reported")
     wait_for(lambda: ready(plane, ns, "queue", "down") == ("False", "RedisUnreachable"), what="down reported")
@@ -205,8 +208,8 @@ def test_one_stalled_redis_does_not_delay_another_queue(kube_control_plane, kube
         "spec": {"queueRef": {"name": "slow"}, "schedule": "* * * * * *", "task": {"name": "send_report"}}}))
     apply(plane, ns, queue_manifest("healthy", redis_url, scaling={**FAST, "pollIntervalSeconds": 2,
                                                                    "activationTasks": 1}))
-    wait_for(lambda: ready(plane, ns, "queue", "slow") == ("True", "Ready"), what="slow Queue Ready")
-    wait_for(lambda: ready(plane, ns, "queue", "healthy") == ("True", "Ready"), what="healthy Queue Ready")
+    wait_for(lambda: is_ready(plane, ns, "queue", "slow"), what="slow Queue Ready")
+    wait_for(lambda: is_ready(plane, ns, "queue", "healthy"), what="healthy Queue Ready")
     wait_for(lambda: (get(plane, ns, "schedule", "slow-ticks").get("status") or {}).get("lastTickTime"),
              what="ticks on the slow Redis")
     stalled.proc.send_signal(signal.SIGSTOP)
@@ -304,8 +307,8 @@ def test_reconciling_twice_changes_nothing(kube_control_plane, kube_namespace, s
     start_operator()
     apply(plane, ns, queue_manifest("idle", redis_url, scaling=FAST))
     apply(plane, ns, queue_manifest("broken", down.url, scaling=FAST))
-    wait_for(lambda: ready(plane, ns, "queue", "idle") == ("True", "Ready"), what="idle Queue Ready")
-    wait_for(lambda: ready(plane, ns, "queue", "broken") == ("True", "Ready"), what="broken Queue Ready")
+    wait_for(lambda: is_ready(plane, ns, "queue", "idle"), what="idle Queue Ready")
+    wait_for(lambda: is_ready(plane, ns, "queue", "broken"), what="broken Queue Ready")
     down.stop()
     failing = wait_for(lambda: (q := get(plane, ns, "queue", "broken"))
                        and condition(q, "Ready")["status"] == "False" and q, timeout=20, what="Redis down reported")
@@ -327,7 +330,7 @@ def test_queue_without_worker_and_a_name_too_long(kube_control_plane, kube_names
     manifest = yaml.safe_load(queue_manifest("settings-only", redis_url, scaling=FAST))
     del manifest["spec"]["worker"]
     apply(plane, ns, yaml.safe_dump(manifest))
-    wait_for(lambda: ready(plane, ns, "queue", "settings-only") == ("True", "Ready"), what="Ready without workers")
+    wait_for(lambda: is_ready(plane, ns, "queue", "settings-only"), what="Ready without workers")
     workers = condition(get(plane, ns, "queue", "settings-only"), "WorkersDeployed")
     assert workers["reason"] == "NoWorkers" and "runs no Deployment" in workers["message"]
     assert get(plane, ns, "deployment", "settings-only-worker") is None
@@ -366,8 +369,8 @@ def test_the_operator_uses_tls_like_the_workers(kube_control_plane, kube_namespa
             manifest = yaml.safe_load(queue_manifest(name, url, scaling=FAST))
             manifest["spec"]["redis"]["tls"] = tls
             apply(plane, ns, yaml.safe_dump(manifest))
-        wait_for(lambda: ready(plane, ns, "queue", "verified") == ("True", "Ready"), what="TLS with the CA")
-        wait_for(lambda: ready(plane, ns, "queue", "unverified") == ("True", "Ready"), what="TLS without checks")
+        wait_for(lambda: is_ready(plane, ns, "queue", "verified"), what="TLS with the CA")
+        wait_for(lambda: is_ready(plane, ns, "queue", "unverified"), what="TLS without checks")
         for name in ("untrusted", "plain"):  # an unknown CA, or plain text to a TLS port: refused
             wait_for(lambda: (ready(plane, ns, "queue", name) or ("",))[0] == "False", what=f"{name} refused")
         env = {e["name"]: e for e in get(plane, ns, "deployment", "verified-worker")["spec"]["template"]["spec"]
