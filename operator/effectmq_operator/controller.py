@@ -24,7 +24,7 @@ from effectmq.redaction import scrub
 
 from . import builders, control, metrics, scaling
 from .connections import Connections, RedisTarget
-from .kube import Kube, api_error
+from .kube import Kube, api_error, namespace_terminating
 from .spec import InvalidSpec, QueueSpec
 from .status import Problem
 from .workqueue import Key, Registry, WorkQueue, key_of, newer
@@ -145,6 +145,8 @@ class QueueController:
     async def reconcile(self, key: Key, body: dict) -> bool:
         """Bring one Queue to its desired state; True when nothing is left to retry."""
         namespace, name = key
+        if body["metadata"].get("deletionTimestamp"):
+            return True  # going away: its Deployment goes by garbage collection
         rt = self.runtime.setdefault(key, QueueRuntime())
         generation = body["metadata"].get("generation")
         previous = body.get("status") or {}
@@ -187,6 +189,9 @@ class QueueController:
                         self.deployments[key] = applied
                     live = self.deployments.get(key, applied)
                 except ApiException as exc:
+                    if namespace_terminating(exc):
+                        log.debug("%s/%s: namespace is being deleted", namespace, name)
+                        return True
                     apply_problem = Problem("DeploymentFailed", f"applying the worker Deployment failed: "
                                             f"{api_error(exc)}", permanent=400 <= exc.status < 500
                                             and exc.status not in (408, 409, 429))

@@ -60,6 +60,17 @@ def api_error(exc: ApiException) -> str:
     return f"{exc.status} {exc.reason}: {message}" if message else f"{exc.status} {exc.reason}"
 
 
+def namespace_terminating(exc: BaseException) -> bool:
+    """The API refused a create because the namespace is being deleted: nothing to repair."""
+    if not isinstance(exc, ApiException) or exc.status != 403:
+        return False
+    try:
+        causes = (json.loads(exc.body or "{}").get("details") or {}).get("causes") or []
+    except (ValueError, AttributeError):
+        return False
+    return any(c.get("reason") == "NamespaceTerminating" for c in causes)
+
+
 class Kube:
     def __init__(self, *, threads: int = 8, request_timeout: tuple[float, float] = REQUEST_TIMEOUT) -> None:
         self.api = kubernetes.client.ApiClient()

@@ -95,3 +95,18 @@ async def test_a_deposed_leader_writes_nothing():
         await kube.post_event({"metadata": {"name": "emails", "namespace": "shop", "uid": "u"}}, type="Normal",
                               reason="Scaled", message="scale up to 1")
     assert kube.requests == 0
+
+
+def test_a_namespace_being_deleted_is_not_a_failure():
+    import json
+
+    from kubernetes.client.rest import ApiException
+
+    from effectmq_operator.kube import namespace_terminating
+
+    refused = ApiException(status=403, reason="Forbidden")
+    refused.body = json.dumps({"kind": "Status", "code": 403, "reason": "Forbidden", "details": {
+        "causes": [{"reason": "NamespaceTerminating", "field": "metadata.namespace"}]}})
+    forbidden = ApiException(status=403, reason="Forbidden")
+    forbidden.body = json.dumps({"kind": "Status", "code": 403, "reason": "Forbidden"})
+    assert namespace_terminating(refused) and not namespace_terminating(forbidden)
