@@ -84,7 +84,7 @@ class Connections:
             raise ConfigProblem("SecretNotFound", f"Secret {namespace}/{ref.name} with key {ref.key!r} not found")
         return value
 
-    def forget(self, target: RedisTarget | None = None) -> None:
+    def forget(self) -> None:
         """Drop cached Secret values (after a Redis error: the Secret may have been rotated)."""
         self._secrets.clear()
 
@@ -142,7 +142,7 @@ class Connections:
             return Problem(exc.reason, scrub(exc.message, *secrets), permanent=True)
         if isinstance(exc, effectmq.InvalidOption):
             return Problem("InvalidSpec", scrub(str(exc), *secrets), permanent=True)
-        self.forget(target)
+        self.forget()
         if isinstance(exc, effectmq.RedisUnavailable):
             return Problem("RedisUnreachable", scrub(str(exc), *secrets))
         if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
@@ -150,17 +150,13 @@ class Connections:
             return Problem("RedisUnreachable", f"Redis{where} did not answer in time")
         return Problem("RedisError", scrub(f"Redis error: {type(exc).__name__}: {exc}", *secrets))
 
-    async def prune(self, live: set[RedisTarget]) -> None:
-        """Close the clients of Redis servers no resource points at any more."""
-        for target in [t for t in self._clients if t not in live]:
-            for key in [k for k in self._queues if k[0] == target]:
-                del self._queues[key]
-            self._schedulers.pop(target, None)
-            client = self._clients.pop(target)
+    async def close(self) -> None:
+        """Close every client (the operator is stopping)."""
+        clients, self._clients = self._clients, {}
+        self._queues.clear()
+        self._schedulers.clear()
+        for target, client in clients.items():
             try:
                 await client.aclose()
             except Exception as exc:  # closing a dead connection is not a problem
                 log.debug("closing %r: %s", target, exc)
-
-    async def close(self) -> None:
-        await self.prune(set())

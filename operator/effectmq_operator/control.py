@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from . import builders, scaling
 from .spec import QueueSpec
-from .status import Check, Problem, conditions, now_iso
+from .status import Check, Event, Problem, conditions, now_iso, problem_event
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,9 @@ FIGURES = frozenset({"backlog", "oldestWaitingSeconds"})
 FIGURES_EVERY = 60.0
 
 
+IN_PROGRESS = frozenset({"RollingOut", "DeploymentMissing"})  # not Ready yet, but nothing to warn about
+
+
 def needs_write(live: Mapping[str, Any], new: Mapping[str, Any], figures_age: float | None) -> bool:
     """Whether a computed status must be written: anything but the figures changed, or the
     figures changed and were last written `figures_age` seconds ago (None: never)."""
@@ -79,13 +82,6 @@ def needs_write(live: Mapping[str, Any], new: Mapping[str, Any], figures_age: fl
     if changed - FIGURES:
         return True
     return bool(changed) and (figures_age is None or figures_age >= FIGURES_EVERY)
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
 
 
 @dataclass(frozen=True)
@@ -188,9 +184,7 @@ def plan(facts: QueueFacts, *, generation: int | None, previous: Mapping[str, An
             status["lastScaleTime"] = now_iso(now)
             status["lastScaleReason"] = decision.reason
             events.append(Event("Normal", "Scaled", decision.reason))
-    was = next((c for c in prev_conditions if c.get("type") == "Ready"), None)
-    ready = status["conditions"][0]
-    if ready["status"] != "True" and problem is not None and problem.reason not in ("RollingOut", "DeploymentMissing"):
-        if was is None or was.get("reason") != ready["reason"] or was.get("message") != ready["message"]:
-            events.append(Event("Warning", ready["reason"], ready["message"]))
+    warning = problem_event(problem, prev_conditions)
+    if warning is not None and warning.reason not in IN_PROGRESS:
+        events.append(warning)
     return Plan(status, events)

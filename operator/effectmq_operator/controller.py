@@ -20,11 +20,9 @@ from typing import Callable
 
 from kubernetes.client.rest import ApiException
 
-from effectmq.redaction import scrub
-
 from . import builders, control, metrics, scaling
 from .connections import Connections, RedisTarget
-from .kube import Kube, api_error, namespace_terminating
+from .kube import Kube, api_error, describe_failure, namespace_terminating
 from .spec import InvalidSpec, QueueSpec
 from .status import Problem
 from .workqueue import Key, Registry, WorkQueue, key_of, newer
@@ -61,7 +59,7 @@ class QueueController:
         self.targets: dict[Key, RedisTarget] = {}  # the Redis of each Queue, as last resolved
         self.listeners: list[Callable[[Key], None]] = []  # told when a Queue appears, changes or goes
         self.work = WorkQueue(self._reconcile_key, interval=self._poll_interval, concurrency=concurrency,
-                              deadline=deadline, describe=lambda key, exc: describe_failure(exc, self.targets.get(key)))
+                              deadline=deadline, describe=lambda key, exc: describe_failure(exc, self._secrets(key)))
         self.work.on_finished = self._finished
 
     @property
@@ -125,6 +123,10 @@ class QueueController:
         if await self.queues.refresh(self.deadline, "Queues"):
             self.work.start_due(list(self.queues.items))
             metrics.OLDEST_RECONCILE.set(self.work.oldest_age())
+
+    def _secrets(self, key: Key) -> tuple[str, ...]:
+        target = self.targets.get(key)
+        return target.secrets if target else ()
 
     def _poll_interval(self, key: Key) -> float:
         try:
@@ -250,11 +252,8 @@ class QueueController:
             rt.status_at = time.monotonic()
             if written is not None:
                 self.queues.put(written)
+        await self.kube.post_events(body, plan.events)
         for event in plan.events:
-            try:
-                await self.kube.post_event(body, type=event.type, reason=event.reason, message=event.message)
-            except Exception as exc:  # an Event that cannot be posted is logged, never fatal
-                log.warning("could not post Event %s on %s/%s: %s", event.reason, *key, describe_failure(exc))
             if event.type == "Warning":
                 log.warning("%s/%s: %s: %s", *key, event.reason, event.message)
 
@@ -268,9 +267,3 @@ class QueueController:
             pod_name = pod["metadata"]["name"]
             if (pod["metadata"].get("annotations") or {}).get(builders.DELETION_COST) != costs[pod_name]:
                 await self.kube.annotate_pod(namespace, pod_name, {builders.DELETION_COST: costs[pod_name]})
-
-
-def describe_failure(exc: BaseException, target: RedisTarget | None = None) -> str:
-    """A failure for the log: the API server's message or the exception, without credentials."""
-    text = api_error(exc) if isinstance(exc, ApiException) else (str(exc) or type(exc).__name__)
-    return scrub(text, *(target.secrets if target else ()))

@@ -22,7 +22,10 @@ import urllib3
 from kubernetes.client.rest import ApiException
 
 from . import metrics
+from effectmq.redaction import scrub
+
 from .builders import FIELD_MANAGER, GROUP, VERSION
+from .status import MESSAGE_LIMIT, Event
 from .threads import DaemonThreadPool
 
 REQUEST_TIMEOUT = (3.0, 10.0)  # connect, read: seconds
@@ -51,12 +54,18 @@ def disable_client_retries(api_client: kubernetes.client.ApiClient) -> None:
         pool.clear()
 
 
+def _status_of(exc: ApiException) -> dict:
+    """The Status object the API server answered a failed call with ({} when there is none)."""
+    try:
+        status = json.loads(exc.body or "{}")
+    except (ValueError, TypeError):
+        return {}
+    return status if isinstance(status, dict) else {}
+
+
 def api_error(exc: ApiException) -> str:
     """The API server's own message of a failed call (not the whole response body)."""
-    try:
-        message = json.loads(exc.body or "{}").get("message")
-    except (ValueError, AttributeError):
-        message = None
+    message = _status_of(exc).get("message")
     return f"{exc.status} {exc.reason}: {message}" if message else f"{exc.status} {exc.reason}"
 
 
@@ -64,11 +73,14 @@ def namespace_terminating(exc: BaseException) -> bool:
     """The API refused a create because the namespace is being deleted: nothing to repair."""
     if not isinstance(exc, ApiException) or exc.status != 403:
         return False
-    try:
-        causes = (json.loads(exc.body or "{}").get("details") or {}).get("causes") or []
-    except (ValueError, AttributeError):
-        return False
+    causes = (_status_of(exc).get("details") or {}).get("causes") or []
     return any(c.get("reason") == "NamespaceTerminating" for c in causes)
+
+
+def describe_failure(exc: BaseException, secrets: tuple[str, ...] = ()) -> str:
+    """A failure for the log: the API server's message or the exception, without credentials."""
+    text = api_error(exc) if isinstance(exc, ApiException) else (str(exc) or type(exc).__name__)
+    return scrub(text, *secrets)
 
 
 class Kube:
@@ -135,14 +147,6 @@ class Kube:
         )
         return self._plain(result)
 
-    async def get_deployment(self, namespace: str, name: str) -> dict | None:
-        try:
-            return self._plain(await self._call(self.apps.read_namespaced_deployment, name, namespace))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
     async def delete_deployment(self, namespace: str, name: str) -> None:
         try:
             await self._write(self.apps.delete_namespaced_deployment, name, namespace)
@@ -180,7 +184,7 @@ class Kube:
         """A core/v1 Event about one of our resources (what `kubectl describe` shows).
         The same Event again within the series window bumps the first one's count."""
         meta = obj["metadata"]
-        message = message[:1024]
+        message = message[:MESSAGE_LIMIT]
         key = (meta.get("uid"), type, reason, message)
         now = time.time()
         stamp = datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -208,3 +212,12 @@ class Kube:
         self._events[key] = (created.metadata.name, 1, now)
         while len(self._events) > 4096:
             self._events.popitem(last=False)
+
+    async def post_events(self, obj: dict, events: list[Event]) -> None:
+        """Post each Event; one that cannot be posted is logged, never fatal."""
+        for event in events:
+            try:
+                await self.post_event(obj, type=event.type, reason=event.reason, message=event.message)
+            except Exception as exc:
+                log.warning("could not post Event %s on %s/%s: %s", event.reason, obj["metadata"]["namespace"],
+                            obj["metadata"]["name"], describe_failure(exc))

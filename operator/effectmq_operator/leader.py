@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import logging
 import math
 import os
@@ -30,7 +29,7 @@ import kubernetes
 import urllib3
 from kubernetes.client.rest import ApiException
 
-from .kube import disable_client_retries
+from .kube import api_error, disable_client_retries
 from .threads import DaemonThreadPool
 
 log = logging.getLogger("effectmq.operator.leader")
@@ -58,12 +57,7 @@ def _micro_time() -> str:
 def _describe(exc: BaseException) -> str:
     """One line for a log, no traceback."""
     if isinstance(exc, ApiException):
-        text = f"HTTP {exc.status} {exc.reason or ''}".strip().replace("\n", ": ")
-        try:
-            message = json.loads(exc.body or "").get("message")
-        except (ValueError, TypeError, AttributeError):
-            message = None
-        return f"{text}: {message}" if message else text
+        return api_error(exc)
     return f"{type(exc).__name__}: {exc}" if str(exc) else f"{type(exc).__name__}: no answer in time"
 
 

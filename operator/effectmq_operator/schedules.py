@@ -26,10 +26,11 @@ from effectmq.scheduler.model import ScheduleSpec
 
 from . import builders, metrics
 from .connections import Connections, RedisTarget
-from .controller import QueueController, describe_failure
-from .kube import Kube, NotLeader
+from . import control
+from .controller import QueueController
+from .kube import Kube, NotLeader, describe_failure
 from .spec import InvalidSpec, QueueSpec
-from .status import Check, Problem, conditions, schedule_progress
+from .status import Check, Problem, conditions, problem_event, schedule_progress
 from .workqueue import Key, Registry, WorkQueue, backoff, key_of
 
 log = logging.getLogger("effectmq.operator.schedules")
@@ -59,7 +60,7 @@ class ScheduleController:
                                   relist_every=RESYNC_EVERY)
         self.runtime: dict[Key, ScheduleRuntime] = {}
         self.work = WorkQueue(self._reconcile_key, interval=lambda key: RESYNC_EVERY, concurrency=concurrency,
-                              deadline=deadline, describe=lambda key, exc: describe_failure(exc, self._placed(key)))
+                              deadline=deadline, describe=lambda key, exc: describe_failure(exc, _secrets(self._placed(key))))
         self._tickers: dict[RedisTarget, asyncio.Task] = {}
         self._removals: set[asyncio.Task] = set()
         queues.listeners.append(self._queue_changed)
@@ -98,7 +99,7 @@ class ScheduleController:
                 await asyncio.wait_for(self.connections.scheduler(target).remove(builders.schedule_id(*key)),
                                        self.deadline)
             except Exception as exc:
-                log.warning("could not remove schedule %s/%s yet: %s", *key, describe_failure(exc, target))
+                log.warning("could not remove schedule %s/%s yet: %s", *key, describe_failure(exc, target.secrets))
         task = asyncio.get_running_loop().create_task(remove())
         self._removals.add(task)
         task.add_done_callback(self._removals.discard)
@@ -203,17 +204,12 @@ class ScheduleController:
         previous = body.get("status") or {}
         status = {**progress, "observedGeneration": generation,
                   "conditions": conditions(checks, problem, generation, previous.get("conditions"))}
-        if any(previous.get(k) != v for k, v in status.items()):
+        if control.needs_write(previous, status, None):
             written = await self.kube.patch_status("schedules", key[0], key[1], status)
             if written is not None:
                 self.schedules.put(written)
-        was = next((c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), None)
-        if problem is not None and (was is None or (was.get("reason"), was.get("message"))
-                                    != (problem.reason, problem.message)):
-            try:
-                await self.kube.post_event(body, type="Warning", reason=problem.reason, message=problem.message)
-            except Exception as exc:
-                log.warning("could not post Event %s on %s/%s: %s", problem.reason, *key, describe_failure(exc))
+        warning = problem_event(problem, previous.get("conditions"))
+        await self.kube.post_events(body, [warning] if warning else [])
 
     # -- ticks, per Redis ------------------------------------------------------------------
 
@@ -271,7 +267,7 @@ class ScheduleController:
             except Exception as exc:
                 failures += 1
                 if failures in (1, 10) or failures % 60 == 0:
-                    log.warning("schedule pass on %r failed: %s", target, describe_failure(exc, target))
+                    log.warning("schedule pass on %r failed: %s", target, describe_failure(exc, target.secrets))
                 await asyncio.sleep(backoff(failures, 10.0))
 
     async def _mirror(self, target: RedisTarget, schedule_ids: list[str]) -> None:
@@ -305,3 +301,7 @@ class ScheduleController:
 
 def _queue_ref(body: dict) -> str:
     return ((body.get("spec") or {}).get("queueRef") or {}).get("name", "")
+
+
+def _secrets(target: RedisTarget | None) -> tuple[str, ...]:
+    return target.secrets if target else ()

@@ -14,6 +14,9 @@ from datetime import datetime, timezone
 from typing import Any, Iterable
 
 
+MESSAGE_LIMIT = 1024  # characters of a condition's or an Event's message
+
+
 def now_iso(now: datetime | None = None) -> str:
     return (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -41,12 +44,31 @@ class Problem:
     permanent: bool = False
 
 
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+def problem_event(problem: Problem | None, previous: Iterable[dict] = ()) -> Event | None:
+    """A Warning for a problem not reported yet: Ready's reason or message changes with it
+    (so a problem is posted once, not on every poll)."""
+    if problem is None:
+        return None
+    was = next((c for c in previous or () if c.get("type") == "Ready"), None)
+    if was is not None and (was.get("reason"), was.get("message")) == (problem.reason,
+                                                                       problem.message[:MESSAGE_LIMIT]):
+        return None
+    return Event("Warning", problem.reason, problem.message)
+
+
 def condition(check: Check, generation: int | None, previous: Iterable[dict] = (),
               now: datetime | None = None) -> dict[str, Any]:
     before = next((c for c in previous or () if c.get("type") == check.type), None)
     since = before.get("lastTransitionTime") if before and before.get("status") == check.status else None
     return {
-        "type": check.type, "status": check.status, "reason": check.reason, "message": check.message[:1024],
+        "type": check.type, "status": check.status, "reason": check.reason, "message": check.message[:MESSAGE_LIMIT],
         "observedGeneration": generation, "lastTransitionTime": since or now_iso(now),
     }
 

@@ -39,7 +39,7 @@ class ScriptedKube:
         self.status_writes.append(status)
         return None
 
-    async def post_event(self, *args, **kwargs):
+    async def post_events(self, *args, **kwargs):
         pass
 
     async def list_resources(self, plural, namespaces):
