@@ -2,7 +2,7 @@
 
 from .errors import (
     CANCELED, DEFECT, STALLED, TIMEOUT, CorruptValue, EffectMQError, ErrorInfo, InvalidOption,
-    InvalidPayload, LeaseLost, RedisUnavailable, TaskError, TaskFailed, TaskNotFound, UnknownTask,
+    InvalidPayload, LeaseLost, AlreadySettled, RedisRefused, RedisUnavailable, TaskError, TaskFailed, TaskNotFound, UnknownTask,
 )
 from .models import MaintenanceReport, Offered, QueueStats, TaskInfo
 from .queue import Lease, TaskQueue
@@ -13,7 +13,7 @@ from .worker import TaskContext, Worker
 
 __all__ = [
     "TaskQueue", "Lease", "SyncTaskQueue", "App", "TaskDef", "Worker", "TaskContext", "Offered", "TaskInfo", "QueueStats", "MaintenanceReport",
-    "LeaseLost", "TaskFailed", "TaskNotFound", "TaskError", "ErrorInfo", "EffectMQError",
+    "LeaseLost", "AlreadySettled", "RedisRefused", "TaskFailed", "TaskNotFound", "TaskError", "ErrorInfo", "EffectMQError",
     "InvalidOption", "InvalidPayload", "RedisUnavailable", "CorruptValue", "UnknownTask",
     "Fixed", "Exponential", "STALLED", "CANCELED", "TIMEOUT", "DEFECT",
 ]

@@ -10,17 +10,46 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 
-from .errors import InvalidOption, RedisUnavailable
+from .errors import InvalidOption, RedisRefused, RedisUnavailable
 from .redaction import INVALID_URL, SECRET_OPTIONS, redact_url, scrub, url_secrets
+from .sentinel import is_sentinel_url, sentinel_client
 
 DEFAULT_URL = "redis://localhost:6379/0"
 GIVEN_CLIENT = "the given client"  # how messages name a client passed in without a URL
 TRANSPORT_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError)
+# Error replies that mean "not now": the command did not run and the same call can be
+# sent again later. (A script's first write is refused before it changes anything.)
+RETRYABLE_REPLIES = frozenset({
+    "OOM", "BUSY", "READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "MISCONF", "NOREPLICAS",
+})
+
+
+@dataclass(frozen=True)
+class ReplyClass:
+    code: str  # the reply's error code, or CONNECTION / TIMEOUT / AUTH for transport errors
+    retryable: bool
+
+
+def classify_reply(exc: BaseException) -> ReplyClass:
+    """How a worker loop treats what redis-py raised: back off and retry, or give up."""
+    if isinstance(exc, redis_errors.TimeoutError):
+        return ReplyClass("TIMEOUT", True)
+    if isinstance(exc, redis_errors.BusyLoadingError):
+        return ReplyClass("LOADING", True)
+    if isinstance(exc, redis_errors.AuthenticationError):
+        return ReplyClass("AUTH", False)  # a wrong password stays wrong until the process restarts
+    if isinstance(exc, redis_errors.ConnectionError):
+        return ReplyClass("CONNECTION", True)
+    code = getattr(exc, "status_code", None) or (str(exc).split(" ", 1)[0] if str(exc) else "")
+    if not code.isupper():
+        code = "ERR"
+    return ReplyClass(code, code in RETRYABLE_REPLIES)
 
 
 @dataclass(frozen=True)
 class TlsOptions:
-    """TLS to Redis: `enabled` upgrades redis:// to rediss://; `ca_file` or `ca_data`
+    """TLS to Redis: `enabled` upgrades redis:// to rediss:// (redis+sentinel:// to
+    rediss+sentinel://); `ca_file` or `ca_data`
     (PEM) name the CA that signs the server; `insecure` skips verification."""
 
     enabled: bool = False
@@ -38,9 +67,9 @@ class TlsOptions:
     def apply(self, url: str) -> tuple[str, dict[str, Any]]:
         """The URL (rediss:// when enabled) and the client's TLS keyword arguments."""
         options: dict[str, Any] = {}
-        if self.enabled and url.startswith("redis://"):
-            url = "rediss://" + url[len("redis://"):]
-        if url.startswith("rediss://"):
+        if self.enabled and url.startswith(("redis://", "redis+sentinel://")):
+            url = "rediss" + url[len("redis"):]
+        if url.startswith(("rediss://", "rediss+sentinel://")):
             if self.ca_file:
                 options["ssl_ca_certs"] = self.ca_file
             if self.ca_data:
@@ -58,6 +87,7 @@ def connect(client: aioredis.Redis | None = None, url: str | None = None, *, max
     Returns (client, whether the caller owns it and must close it, the URL with its
     password masked: the only form of it fit for messages). With `max_connections`,
     callers beyond the bound wait (up to the socket timeout) for a free connection.
+    A redis+sentinel:// URL (see effectmq.sentinel) connects to the service's primary.
     The socket timeout bounds every reply, so a partition cannot hang a call.
     """
     if client is not None:
@@ -67,12 +97,14 @@ def connect(client: aioredis.Redis | None = None, url: str | None = None, *, max
     url, tls_options = (tls or TlsOptions.from_env()).apply(url or os.environ.get("EFFECTMQ_REDIS_URL") or DEFAULT_URL)
     shown = redact_url(url)
     if shown == INVALID_URL:  # redis-py's own complaint could quote part of the password
-        raise InvalidOption("the Redis URL is not a redis://, rediss:// or unix:// URL that can be read safely "
-                            "(not shown: it may hold a password); percent-encode / ? # @ : in a password")
+        raise InvalidOption("the Redis URL is not a redis://, rediss://, unix:// or redis+sentinel:// URL that can be "
+                            "read safely (not shown: it may hold a password); percent-encode / ? # @ : in a password")
     try:
         options = dict(decode_responses=True, socket_connect_timeout=5, socket_timeout=socket_timeout,
                        health_check_interval=30, **tls_options)
-        if max_connections is None:
+        if is_sentinel_url(url):  # the primary that the Sentinels name, followed across failovers
+            client = sentinel_client(url, max_connections=max_connections, **options)
+        elif max_connections is None:
             client = aioredis.Redis.from_url(url, **options)
         else:  # a bounded pool waits for a free connection instead of failing with "Too many connections"
             pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=max_connections,
@@ -84,7 +116,8 @@ def connect(client: aioredis.Redis | None = None, url: str | None = None, *, max
 
 
 class RedisErrors:
-    """`with errors:` turns redis-py transport errors into RedisUnavailable naming `where`.
+    """`with errors:` turns what redis-py raises into RedisUnavailable (retryable: transport
+    errors and the replies of RETRYABLE_REPLIES) or RedisRefused (anything else), naming `where`.
 
     The one place where redis-py's text enters ours: it is scrubbed of the client's
     secrets, and the original is chained only when it held none (a traceback prints it).
@@ -101,10 +134,18 @@ class RedisErrors:
         return None
 
     def __exit__(self, kind: type | None, exc: BaseException | None, tb: Any) -> bool:
-        if not isinstance(exc, TRANSPORT_ERRORS):
+        if not isinstance(exc, redis_errors.RedisError):
             return False
-        text = scrub(str(exc), *self.secrets)
-        raise RedisUnavailable(f"Redis unavailable {self.where}: {text}") from (exc if text == str(exc) else None)
+        reply = classify_reply(exc)
+        text = scrub(str(exc), *self.secrets) or reply.code
+        cause = exc if text == str(exc) else None
+        if not isinstance(exc, TRANSPORT_ERRORS) and not text.startswith(reply.code):
+            text = f"{reply.code} {text}"
+        if isinstance(exc, TRANSPORT_ERRORS):
+            raise RedisUnavailable(f"Redis unavailable {self.where}: {text}", reply.code, reply.retryable) from cause
+        if reply.retryable:
+            raise RedisUnavailable(f"Redis refused for now {self.where}: {text}", reply.code) from cause
+        raise RedisRefused(f"Redis refused {self.where}: {text}", reply.code) from cause
 
 
 class OwnsConnection:

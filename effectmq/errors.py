@@ -56,7 +56,34 @@ class UnknownTask(EffectMQError, LookupError):
 
 
 class RedisUnavailable(EffectMQError, ConnectionError):
-    """Redis could not be reached; the operation may not have happened."""
+    """Redis could not be reached, or refused for now (OOM, BUSY, READONLY, LOADING, ...):
+    retry with backoff. After a transport error the operation may or may not have happened."""
+
+    def __init__(self, message: str, code: str = "CONNECTION", retryable: bool = True):
+        super().__init__(message)
+        self.code = code
+        self.retryable = retryable  # False: Redis is there but refuses us (a wrong password)
+
+
+class RedisRefused(EffectMQError):
+    """Redis answered with an error that retrying will not fix (NOPERM, WRONGTYPE, a
+    script error): a configuration or programming problem; nothing was changed."""
+
+    def __init__(self, message: str, code: str = "ERR"):
+        super().__init__(message)
+        self.code = code
+
+
+class AlreadySettled(LeaseLost):
+    """This attempt already settled otherwise (e.g. release() after its complete()):
+    `outcome` says how ("completed", "retry", "failed", "released")."""
+
+    def __init__(self, task_id: str, operation: str, outcome: str):
+        EffectMQError.__init__(self, f"{operation} of task {task_id!r} rejected: this attempt already settled "
+                                     f"as {outcome!r}")
+        self.task_id = task_id
+        self.operation = operation
+        self.outcome = outcome
 
 
 class CorruptValue(EffectMQError):

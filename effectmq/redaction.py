@@ -13,20 +13,27 @@ __all__ = ["INVALID_URL", "MASK", "SECRET_OPTIONS", "redact_url", "scrub", "url_
 
 MASK = "***"
 INVALID_URL = "<invalid Redis URL>"  # what an unreadable URL is shown as: never the value itself
-SCHEMES = frozenset({"redis", "rediss", "unix"})
+SENTINEL_SCHEMES = frozenset({"redis+sentinel", "rediss+sentinel"})  # host list: h1:p1,h2:p2 (effectmq.sentinel)
+SCHEMES = frozenset({"redis", "rediss", "unix"}) | SENTINEL_SCHEMES
 # Connection options that hold secrets, whether in a URL query or a client's settings.
 SECRET_OPTIONS = ("password", "ssl_password")
+# ... and those only a URL's query holds (a Sentinel's own password).
+URL_SECRET_OPTIONS = SECRET_OPTIONS + ("sentinel_password",)
 
 
 def _redact(url: object) -> tuple[str, list[str]] | None:
     """The URL with its secrets masked and those secrets (raw), or None when it cannot
-    be parsed safely (not a redis/rediss/unix URL, or a password cut short by an
+    be parsed safely (not a redis/rediss/unix/redis+sentinel URL, or a password cut short by an
     unencoded / ? or #, whose rest would be shown as path, query or fragment)."""
     if not isinstance(url, str):
         return None
     try:
         parts = urlsplit(url)
-        _ = parts.port  # ValueError when the port is not a number
+        if parts.scheme in SENTINEL_SCHEMES:  # each Sentinel's port must be a number
+            for address in parts.netloc.rpartition("@")[2].split(","):
+                _ = urlsplit(f"//{address}").port
+        else:
+            _ = parts.port  # ValueError when the port is not a number
     except ValueError:
         return None
     if parts.scheme not in SCHEMES or parts.fragment:
@@ -40,7 +47,7 @@ def _redact(url: object) -> tuple[str, list[str]] | None:
     items = []
     for item in parts.query.split("&") if parts.query else ():
         key, eq, value = item.partition("=")
-        if eq and value and unquote(key).lower() in SECRET_OPTIONS:
+        if eq and value and unquote(key).lower() in URL_SECRET_OPTIONS:
             secrets.append(value)
             item = f"{key}={MASK}"
         items.append(item)

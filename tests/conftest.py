@@ -1,1 +1,2 @@
-pytest_plugins = ["tests.fixtures.redis", "tests.fixtures.proxy", "tests.fixtures.kube", "tests.fixtures.kstatus"]
+pytest_plugins = ["tests.fixtures.redis", "tests.fixtures.sentinel", "tests.fixtures.proxy", "tests.fixtures.kube",
+                  "tests.fixtures.kstatus"]

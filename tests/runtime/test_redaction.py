@@ -85,6 +85,12 @@ def secured(make_redis) -> RedisServer:
     ("unix:///var/run/redis.sock?db=1&password=s3cret", "unix:///var/run/redis.sock?db=1&password=***"),
     ("unix://:s3cret@/var/run/redis.sock?db=0", "unix://:***@/var/run/redis.sock?db=0"),
     ("unix:///var/run/redis.sock", "unix:///var/run/redis.sock"),
+    ("redis+sentinel://:s3cret@h1:26379,h2:26380,h3/mymaster/0",
+     "redis+sentinel://:***@h1:26379,h2:26380,h3/mymaster/0"),
+    ("redis+sentinel://u:p%40ss@h1/mymaster?sentinel_password=s%2F3cret&socket_timeout=2",
+     "redis+sentinel://u:***@h1/mymaster?sentinel_password=***&socket_timeout=2"),
+    ("rediss+sentinel://h1:1,[::1]:2/svc/3?password=s3cret", "rediss+sentinel://h1:1,[::1]:2/svc/3?password=***"),
+    ("redis+sentinel://h1:26379/svc", "redis+sentinel://h1:26379/svc"),
 ])
 def test_redact_url_hides_the_password_and_keeps_the_rest(url, expected):
     assert redaction().redact_url(url) == expected
@@ -97,6 +103,11 @@ def test_redact_url_hides_the_password_and_keeps_the_rest(url, expected):
     "redis://:12/s3cret@host/0",  # parses with port 12, the rest of the password in the path
     "redis://:12?s3cret@host",  # ... or in the query
     "redis://host:notaport/0",
+    "redis+sentinel://:s3/cret@h1,h2/svc",  # unencoded '/' in a Sentinel URL's password
+    "redis+sentinel://:s3cret@h1:1,h2:x/svc",  # a Sentinel port that is not a number
+    "redis+sentinel://:s3cret@h1,[::1/svc",
+    "redis+sentinel://:s3cret#x@h1/svc",
+    "redis+sentinel://:12?s3cret@h1/svc",  # the rest of the password in the query
     None, 12345, b"redis://:s3cret@host",
 ])
 def test_redact_url_never_echoes_what_it_cannot_parse(garbage):
@@ -124,6 +135,7 @@ def test_scrub(text, secrets, expected):
     ("redis://u:one@host/0?password=two", {"one", "two"}),
     ("unix://:pw@/tmp/redis.sock?db=0", {"pw"}),
     ("redis://user@host/0", set()),
+    ("redis+sentinel://:one@h1,h2/svc?sentinel_password=t%2Fwo", {"one", "t/wo", "t%2Fwo"}),
     ("redis://host:6379", set()),
     ("", set()),
     ("s3cret", {"s3cret"}),  # not a URL: all of it may be secret
@@ -193,6 +205,61 @@ async def test_a_url_redis_cannot_parse_is_refused_without_echoing_it():
             make()
         assert "Redis URL" in str(err.value)
         assert_clean("".join(traceback.format_exception(err.value)), "InvalidOption")
+
+
+@pytest.fixture
+def secured_sentinels(make_sentinel):
+    """Primary and replica with requirepass PASSWORD, Sentinels with requirepass SENTINEL_PASSWORD."""
+    return make_sentinel(password=PASSWORD, sentinel_password=SENTINEL_PASSWORD)
+
+
+SENTINEL_PASSWORD = PLANTED + "-sentinel&=/@"
+SENTINEL_NEEDLES = (SENTINEL_PASSWORD, quote(SENTINEL_PASSWORD, safe=""))
+
+
+def assert_sentinel_clean(text: str, where: str) -> None:
+    assert_clean(text, where)
+    for needle in SENTINEL_NEEDLES:
+        assert needle not in text, f"Sentinel password leaked in {where}: {text[-3000:]}"
+
+
+@pytest.mark.parametrize("fault", ["right", "wrong-password", "wrong-sentinel-password"])
+async def test_sentinel_url_passwords_never_show(secured_sentinels, fault):
+    """Neither the primary's password nor the Sentinels' own shows in reprs, the URL or errors."""
+    url = secured_sentinels.url(password=WRONG if fault == "wrong-password" else None,
+                                sentinel_password=WRONG if fault == "wrong-sentinel-password" else None)
+    hosts = ",".join(f"127.0.0.1:{s.port}" for s in secured_sentinels.sentinels)
+    expected = f"redis+sentinel://:***@{hosts}/mymaster/0?sentinel_password=***"
+    q = effectmq.TaskQueue("q", url=url)
+    scheduler = Scheduler(url, namespace="leak")
+    try:
+        for obj in (q, scheduler):
+            assert obj.url == expected
+            for text in (repr(obj), str(obj), repr(obj.redis), repr(obj.redis.connection_pool),
+                         repr(obj.redis.connection_pool.sentinel_manager)):
+                assert_sentinel_clean(text, f"repr of {type(obj).__name__} and its client")
+        calls = (q.ping, lambda: q.offer("work", {}, task_id="x"), q.stats, scheduler.ping, scheduler.list)
+        for call in calls:
+            if fault == "right":
+                await call()
+                continue
+            with pytest.raises(effectmq.RedisUnavailable) as err:
+                await call()
+            assert expected in str(err.value)
+            for text in (str(err.value), repr(err.value), "".join(traceback.format_exception(err.value))):
+                assert_sentinel_clean(text, "RedisUnavailable")
+    finally:
+        await q.close()
+        await scheduler.close()
+
+
+def test_cli_errors_name_the_sentinel_url_but_no_password(secured_sentinels):
+    url = secured_sentinels.url(sentinel_password=WRONG)
+    done = cli("stats", "--queue", "q", "--url", url)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "Redis unavailable at redis+sentinel://:***@127.0.0.1:" in done.stderr and "Traceback" not in output, output
+    assert_sentinel_clean(output, "`effectmq stats` output")
 
 
 # -- the worker as a process ------------------------------------------------------------
