@@ -73,7 +73,6 @@ async def cmd_worker(args) -> int:
     queue = TaskQueue(queue_name, url=args.url, prefix=args.prefix, lock_timeout=args.lock_timeout)
     if isinstance(target, App):
         target.use_queue(queue)
-    await queue.ping()
     worker = Worker(queue, target, concurrency=args.concurrency, lock_timeout=args.lock_timeout,
                     lock_refresh=args.lock_refresh, drain_timeout=args.drain_timeout,
                     maintenance_interval=args.maintenance_interval, metrics_port=args.metrics_port,

@@ -13,7 +13,13 @@ _encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(","
 def dumps(value: Any, what: str = "payload") -> str:
     """Encode a JSON value, or raise InvalidPayload naming what was wrong."""
     try:
-        return _encoder.encode(value)
+        text = _encoder.encode(value)
+        if not text.isascii():
+            text.encode()  # a lone surrogate has no UTF-8 form
+        return text
+    except UnicodeEncodeError as exc:
+        raise InvalidPayload(f"{what} must be plain JSON text; it holds a lone surrogate "
+                             f"{exc.object[exc.start:exc.end]!r} that has no UTF-8 form") from None
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"{what} must be plain JSON (dict, list, str, number, bool, None): {exc}") from None
 

@@ -46,4 +46,5 @@ class QueueKeys:
     def script_keys(self) -> list[str]:
         """The KEYS every script receives, in the order lib.lua documents."""
         b = self.base
-        return [b] + [b + part for part in (*INDEXES, "dedup", "meta", "events", "seq", "ready_since", "workers")]
+        parts = (*INDEXES, "dedup", "meta", "events", "seq", "ready_since", "workers", "settled")
+        return [b] + [b + part for part in parts]

@@ -21,6 +21,10 @@ IN_FLIGHT = Gauge("effectmq_in_flight", "Attempts running in this worker", ["que
 DEPTH = Gauge("effectmq_queue_depth", "Tasks per state (as last seen by this process)", ["queue", "state"])
 OLDEST_WAITING = Gauge("effectmq_oldest_waiting_seconds", "Age of the oldest waiting task", ["queue"])
 STALLS = Counter("effectmq_stalls_recovered", "Expired leases recovered by maintenance", ["queue", "outcome"])
+REDIS_READY = Gauge("effectmq_worker_redis_ready",
+                    "1 while this worker's last Redis call succeeded, 0 while it is backing off", ["queue"])
+LOOP_ERRORS = Counter("effectmq_worker_loop_errors", "Errors a worker loop backed off from, by loop and reply class",
+                      ["queue", "loop", "code"])
 MAINTENANCE_LAST = Gauge("effectmq_maintenance_last_success_timestamp_seconds",
                          "Unix time of the last successful maintenance pass", ["queue"])
 

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 from . import codec
 from .errors import CorruptValue, ErrorInfo
+from .protocol import RawFields
 
 TERMINAL_STATES = ("completed", "failed", "canceled")
 
@@ -45,6 +46,11 @@ class TaskInfo:
     finished_at: datetime | None = None
     lease_deadline: datetime | None = None
     corrupt: str | None = None  # why a stored value could not be decoded
+    raw: dict[str, bytes] = field(default_factory=dict)  # the bytes of values that are not UTF-8
+
+    @property
+    def raw_payload(self) -> bytes | None:
+        return self.raw.get("payload")
 
     @property
     def terminal(self) -> bool:
@@ -75,11 +81,16 @@ def _optional_int(value: str | None) -> int | None:
     return int(value)
 
 
-def parse_task(task_id: str, h: dict[str, str]) -> TaskInfo:
-    """Build a TaskInfo from a task hash; corrupt JSON is reported, not raised."""
+def parse_task(task_id: str, fields: "RawFields | dict[str, str]") -> TaskInfo:
+    """Build a TaskInfo from a task hash; corrupt JSON or bytes are reported, not raised."""
     problems: list[str] = []
+    raw = fields.undecodable if isinstance(fields, RawFields) else {}
+    h = fields.values if isinstance(fields, RawFields) else fields
 
     def decode(name: str) -> Any:
+        if name in raw:
+            problems.append(f"stored {name} is not UTF-8")
+            return None
         try:
             return codec.loads(h.get(name), name)
         except CorruptValue as exc:
@@ -109,6 +120,7 @@ def parse_task(task_id: str, h: dict[str, str]) -> TaskInfo:
         finished_at=_ms_to_datetime(h.get("finished_at")),
         lease_deadline=_ms_to_datetime(h.get("lock_until")),
         corrupt="; ".join(problems) or None,
+        raw=dict(raw),
     )
 
 

@@ -16,13 +16,16 @@ from typing import Any, AsyncIterator, Iterable, Sequence
 
 import redis.asyncio as aioredis
 
-from . import codec, models, retry as retry_policies
+from . import codec, models, protocol, retry as retry_policies
 from .errors import (
-    CANCELED, DEFECT, STALLED, ErrorInfo, InvalidOption, LeaseLost, TaskError, TaskFailed, TaskNotFound,
+    CANCELED, DEFECT, STALLED, AlreadySettled, CorruptValue, ErrorInfo, InvalidOption, InvalidPayload, LeaseLost,
+    TaskError, TaskFailed, TaskNotFound,
 )
+from .aio import cancel_and_wait
 from .connection import OwnsConnection, RedisErrors, connect
 from .keys import INDEXES, QueueKeys, check_queue_name
 from .models import MaintenanceReport, Offered, QueueStats, TaskInfo
+from .protocol import MAX_ACQUIRE, MAX_DELAY, MAX_MAINTAIN_BATCH, Outcome
 from .scripts import ScriptRunner
 
 # How long an explicit task id stays reserved after its record expired (lib.lua `forget`).
@@ -54,7 +57,8 @@ def _retention_ms(seconds: float | None) -> int:
     return -1 if seconds is None or seconds < 0 else _ms(seconds)
 
 
-def _check_number(name: str, value: Any, *, minimum: float = 0, integer: bool = False, allow_none=True):
+def _check_number(name: str, value: Any, *, minimum: float = 0, integer: bool = False, allow_none=True,
+                  maximum: float | None = None):
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
@@ -62,19 +66,24 @@ def _check_number(name: str, value: Any, *, minimum: float = 0, integer: bool = 
         raise InvalidOption(f"{name} must be {kind}, got {value!r}")
     if not math.isfinite(value) or value < minimum:
         raise InvalidOption(f"{name} must be >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise InvalidOption(f"{name} must be <= {maximum:g}, got {value!r}")
     return value
+
+
+OFFER_WIDTH = 9  # ARGV values per task in offer.lua
 
 
 def offer_argv(task_name: str, payload: Any, *, task_id: str | None = None, delay: float | None = None,
                priority: int = 0, max_retries: int | None = None, max_stalled_count: int | None = None,
                retry: Any = None, timeout: float | None = None) -> tuple[str, list]:
-    """Validate one offer and encode it as the 9 ARGV values offer.lua expects."""
+    """Validate one offer and encode it as the OFFER_WIDTH ARGV values offer.lua expects."""
     if not isinstance(task_name, str) or not task_name or len(task_name) > 200:
         raise InvalidOption(f"task name must be a non-empty string of at most 200 characters, got {task_name!r}")
     explicit = task_id is not None
     if explicit and (not isinstance(task_id, str) or not task_id or len(task_id) > MAX_ID_LENGTH):
         raise InvalidOption(f"task_id must be a non-empty string of at most {MAX_ID_LENGTH} characters")
-    _check_number("delay", delay)
+    _check_number("delay", delay, maximum=MAX_DELAY)
     _check_number("priority", priority, minimum=-MAX_PRIORITY, integer=True, allow_none=False)
     if priority > MAX_PRIORITY:
         raise InvalidOption(f"priority must be between {-MAX_PRIORITY} and {MAX_PRIORITY}, got {priority}")
@@ -113,41 +122,92 @@ def error_info(error: Any, declared: Sequence[type[BaseException]] = ()) -> tupl
     raise InvalidOption(f"fail() takes an exception, an ErrorInfo, a tag string or a dict with 'tag', got {error!r}")
 
 
+def error_json(info: ErrorInfo) -> str:
+    """The stored form of an error; data that is not JSON is kept as its repr, so a
+    failure always settles."""
+    try:
+        return codec.dumps(info.to_json(), "error")
+    except InvalidPayload:
+        return codec.dumps(ErrorInfo(info.tag, info.message, repr(info.data), info.kind).to_json(), "error")
+
+
+def retry_delay(policies: Sequence[Any], failures: int) -> tuple[float, str | None]:
+    """The first delay among `policies` that is finite and in range; and, when the first
+    policy raised or gave none, why (that failure then is a Defect of the attempt)."""
+    problem = None
+    for policy in policies:
+        try:
+            delay = float(policy(failures))
+            if math.isfinite(delay) and 0 <= delay <= MAX_DELAY:
+                return delay, problem
+            problem = problem or f"retry policy returned an invalid delay {delay!r}"
+        except Exception as exc:  # noqa: BLE001 - a user's policy may raise anything
+            problem = problem or f"retry policy raised {type(exc).__name__}: {exc}"
+    return float(retry_policies.DEFAULT_POLICY(failures)), problem
+
+
 class Lease:
     """Ownership of one attempt of a task. Every write is fenced by `token`."""
 
     __slots__ = (
         "queue", "task_id", "token", "attempt", "name", "_raw_payload", "handler_failure_count",
         "stalled_attempt_count", "max_retries", "options", "priority", "deadline_ms",
-        "confirmed_until", "lock_timeout",
+        "confirmed_until", "lock_timeout", "requested_lock_timeout", "corrupt", "raw", "_wire_id",
     )
 
-    def __init__(self, queue: "TaskQueue", fields: Sequence, deadline_ms: int, confirmed_until: float,
-                 lock_timeout: float):
-        (self.task_id, self.token, attempt, self.name, self._raw_payload, hfc, sac, max_retries,
-         options, priority) = fields
+    def __init__(self, queue: "TaskQueue", fields: protocol.RawFields, deadline_ms: int, confirmed_until: float,
+                 lock_timeout: float, requested_lock_timeout: float | None = None):
+        v = fields.values
         self.queue = queue
-        self.attempt = int(attempt)
-        self.handler_failure_count = int(hfc)
-        self.stalled_attempt_count = int(sac)
-        self.max_retries = models._optional_int(max_retries)
+        self.task_id = str(v["id"])
+        self._wire_id = protocol.wire(self.task_id)
+        self.token = str(v["token"])
+        self.name = str(v["name"] or "")
+        self.attempt = int(v["attempt"] or 0)
+        self.handler_failure_count = int(v["handler_failure_count"] or 0)
+        self.stalled_attempt_count = int(v["stalled_attempt_count"] or 0)
+        self.max_retries = models._optional_int(v["max_retries"])
+        self.priority = int(v["priority"] or 0)
+        # Values that could not be read: the worker fails the attempt as a Defect.
+        self.corrupt: dict[str, str] = {name: "not UTF-8" for name in fields.undecodable}
+        self.raw = dict(fields.undecodable)
+        self._raw_payload = fields.undecodable.get("payload", v["payload"])
         try:
-            self.options = codec.loads(options, "options") or {}
-        except Exception:
+            options = codec.loads(v["options"], "options") if "options" not in self.corrupt else {}
+            if not isinstance(options, (dict, type(None))):
+                raise CorruptValue(f"stored options are not a JSON object: {options!r}")
+            self.options = options or {}
+        except CorruptValue as exc:
+            self.corrupt["options"] = str(exc)
             self.options = {}
-        self.priority = int(priority or 0)
         self.deadline_ms = deadline_ms
         # Local monotonic instant by which the lease is certainly still ours.
         self.confirmed_until = confirmed_until
-        self.lock_timeout = lock_timeout
+        self.lock_timeout = lock_timeout  # the lease the server granted
+        self.requested_lock_timeout = requested_lock_timeout or lock_timeout  # asked again on renewal
 
     @property
     def payload(self) -> Any:
-        """The decoded payload; raises CorruptValue when the stored value is not JSON."""
+        """The decoded payload; raises CorruptValue when the stored value is not UTF-8 JSON."""
+        if isinstance(self._raw_payload, bytes):
+            raise CorruptValue(f"stored payload of task {self.task_id!r} is not UTF-8")
         return codec.loads(self._raw_payload, f"payload of task {self.task_id!r}")
+
+    @property
+    def raw_payload(self) -> str | bytes | None:
+        return self._raw_payload
 
     def __repr__(self) -> str:
         return f"Lease(task_id={self.task_id!r}, name={self.name!r}, attempt={self.attempt})"
+
+    def _settled(self, operation: str, outcome: int, wanted: Sequence[Outcome]) -> Outcome:
+        """The outcome a settling call got, or the error for a token that no longer owns the task."""
+        outcome = Outcome(int(outcome))
+        if outcome in wanted:
+            return outcome
+        if outcome is Outcome.LOST:
+            raise LeaseLost(self.task_id, operation)
+        raise AlreadySettled(self.task_id, operation, outcome.label)
 
     async def renew(self) -> None:
         """Extend the lease; raises LeaseLost when this attempt is no longer the owner."""
@@ -156,38 +216,42 @@ class Lease:
             raise LeaseLost(self.task_id, "renew")
 
     async def complete(self, result: Any = None) -> None:
-        code = (await self.queue.complete_many([(self, codec.dumps(result, "result"))]))[0]
-        if code == 0:
-            raise LeaseLost(self.task_id, "complete")
+        """Settle as completed. Sending it again (after a lost reply) is answered the same way."""
+        outcome = (await self.queue.complete_many([(self, codec.dumps(result, "result"))]))[0]
+        self._settled("complete", outcome, (Outcome.COMPLETED,))
 
     async def fail(self, error: Any, *, retryable: bool | None = None, retry: Any = None,
                    declared: Sequence[type[BaseException]] = ()) -> bool:
         """Record a typed failure. Returns True when a retry was scheduled.
 
         The next attempt's delay comes from `retry` (a handler's policy), else the
-        task's own policy, else the queue's; `retryable=False` ends the task now.
+        task's own policy, else the queue's; `retryable=False` ends the task now. A
+        policy that raises or gives no finite delay makes this failure a Defect (the
+        queue's policy then decides the delay). Sent again, it gives the same answer.
         """
         q = self.queue
         info, can_retry = error_info(error, declared)
         if retryable is not None:
             can_retry = retryable
-        policy = retry or retry_policies.from_json(self.options.get("retry")) or q.retry_policy
-        delay = retry_policies.delay_for(policy, self.handler_failure_count + 1) if can_retry else -1
-        argv = [self.task_id, self.token, codec.dumps(info.to_json(), "error"),
-                _ms(delay) if delay >= 0 else -1, q.max_retries, _retention_ms(q.retention_failed)]
-        status, _failures, _retry_at = await q._call("fail", argv)
-        if status == 0:
-            raise LeaseLost(self.task_id, "fail")
-        return status == 1
+        delay = -1.0
+        if can_retry:
+            policy = retry or retry_policies.from_json(self.options.get("retry")) or q.retry_policy
+            delay, problem = retry_delay((policy, q.retry_policy), self.handler_failure_count + 1)
+            if problem:
+                info = ErrorInfo(DEFECT, f"{problem} (after {info.tag}: {info.message})", kind=info.kind)
+        argv = [self._wire_id, self.token, error_json(info), _ms(delay) if delay >= 0 else -1, q.max_retries,
+                _retention_ms(q.retention_failed)]
+        outcome, _failures, _retry_at = await q._call("fail", argv)
+        return self._settled("fail", outcome, (Outcome.RETRY, Outcome.FAILED)) is Outcome.RETRY
 
     async def release(self, *, delay: float = 0) -> None:
         """Give the task back without counting a failure (shutdown, not my kind of task)."""
-        _check_number("delay", delay, allow_none=False)
-        if await self.queue._call("release", [self.task_id, self.token, _ms(delay)]) == 0:
-            raise LeaseLost(self.task_id, "release")
+        _check_number("delay", delay, allow_none=False, maximum=MAX_DELAY)
+        outcome = await self.queue._call("release", [self._wire_id, self.token, _ms(delay)])
+        self._settled("release", outcome, (Outcome.RELEASED,))
 
     async def progress(self, value: Any) -> None:
-        if await self.queue._call("progress", [self.task_id, self.token, codec.dumps(value, "progress")]) == 0:
+        if await self.queue._call("progress", [self._wire_id, self.token, codec.dumps(value, "progress")]) == 0:
             raise LeaseLost(self.task_id, "progress")
 
 
@@ -234,11 +298,9 @@ class WakeSignal:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.event.wait(), timeout)
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 2.0) -> None:
         if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await cancel_and_wait([self._task], timeout)
 
 
 class TaskQueue(OwnsConnection):
@@ -289,10 +351,17 @@ class TaskQueue(OwnsConnection):
         return Offered(tid, bool(created[0]))
 
     async def offer_many(self, tasks: Iterable[Any]) -> list[Offered]:
-        """Offer a batch in one round trip. Items: (name, payload), (name, payload, options)
-        or dicts {"name": ..., "payload": ..., **options}. All are validated first."""
+        """Offer a batch. Items: (name, payload), (name, payload, options) or dicts
+        {"name": ..., "payload": ..., **options}. All are validated before anything is sent.
+
+        Each script call stores at most OFFER_CHUNK tasks, atomically; the chunks of up to
+        OFFER_WINDOW * OFFER_CHUNK tasks travel in one round trip. If an error interrupts
+        a batch, some chunks may be stored: offering the same ids again is safe (an
+        existing id is left untouched), so give task_ids when a batch must be resent.
+        """
         ids: list[str] = []
-        argv: list = []
+        argvs: list[list] = []
+        chunk: list = []
         for item in tasks:
             if isinstance(item, dict):
                 item = dict(item)
@@ -309,10 +378,17 @@ class TaskQueue(OwnsConnection):
             except TypeError as exc:
                 raise InvalidOption(f"invalid offer options {sorted(options)}: {exc}") from None
             ids.append(tid)
-            argv.extend(one)
-        if not ids:
-            return []
-        created = await self._call("offer", [len(ids), *argv])
+            chunk.extend(one)
+            if len(chunk) == protocol.OFFER_CHUNK * OFFER_WIDTH:
+                argvs.append([protocol.OFFER_CHUNK, *chunk])
+                chunk = []
+        if chunk:
+            argvs.append([len(chunk) // OFFER_WIDTH, *chunk])
+        created: list = []
+        for i in range(0, len(argvs), protocol.OFFER_WINDOW):
+            with self._redis_errors:
+                for reply in await self._scripts.many("offer", argvs[i:i + protocol.OFFER_WINDOW]):
+                    created.extend(reply)
         return [Offered(tid, bool(c)) for tid, c in zip(ids, created)]
 
     # -- workers -----------------------------------------------------------
@@ -323,51 +399,64 @@ class TaskQueue(OwnsConnection):
         return leases[0] if leases else None
 
     async def acquire_many(self, count: int, *, lock_timeout: float | None = None) -> tuple[list[Lease], float | None]:
-        """Lease up to `count` ready tasks in one round trip.
+        """Lease up to `count` (at most MAX_ACQUIRE) ready tasks in one round trip.
 
         Returns the leases and the seconds until the next delayed task is due
         (None when there is none), so an idle worker knows how long it may sleep.
+        Values are decoded per task: one that is not UTF-8 marks its lease `corrupt`.
         """
         _check_number("count", count, minimum=1, integer=True, allow_none=False)
         lt = self.lock_timeout if lock_timeout is None else lock_timeout
         _check_number("lock_timeout", lt, minimum=0.01, allow_none=False)
         sent = time.monotonic()
-        reply = await self._call("acquire", [count, _ms(lt), self._token_prefix, self.promote_batch])
+        argv = [min(count, MAX_ACQUIRE), _ms(lt), self._token_prefix, self.promote_batch]
+        with self._redis_errors:
+            reply = await self._scripts("acquire", argv, raw=True)
         now, deadline, next_due = int(reply[0]), int(reply[1]), int(reply[2])
         granted = (deadline - now) / 1000  # the server's lease length (queue settings win)
+        width = protocol.LEASE_WIDTH
         leases = [
-            Lease(self, reply[i:i + 10], deadline, sent + granted, granted)
-            for i in range(4, len(reply), 10)
+            Lease(self, protocol.decode_fields(protocol.LEASE_FIELDS, reply[i:i + width]), deadline,
+                  sent + granted, granted, lt)
+            for i in range(4, len(reply), width)
         ]
         return leases, (max(0.0, (next_due - now) / 1000) if next_due >= 0 else None)
 
     async def _renew(self, leases: Sequence[Lease]) -> list[bool]:
-        """Renew many leases in one round trip; updates each lease's confirmed deadline."""
-        argv: list = [_ms(self.lock_timeout)]
-        for lease in leases:
-            argv += [lease.task_id, lease.token]
-        sent = time.monotonic()
-        reply = await self._call("renew", argv)
-        now, deadline = int(reply[0]), int(reply[1])
-        granted = (deadline - now) / 1000
-        owned = [bool(x) for x in reply[2:]]
-        for lease, ok in zip(leases, owned):
-            if ok:
-                lease.deadline_ms = deadline
-                lease.confirmed_until = sent + granted
-                lease.lock_timeout = granted
+        """Renew many leases (one round trip per requested lease length); updates each
+        lease's confirmed deadline and the length the server granted."""
+        groups: dict[float, list[int]] = {}
+        for i, lease in enumerate(leases):
+            groups.setdefault(lease.requested_lock_timeout, []).append(i)
+        owned = [False] * len(leases)
+        for requested, members in groups.items():
+            argv: list = [_ms(requested)]
+            for i in members:
+                argv += [leases[i]._wire_id, leases[i].token]
+            sent = time.monotonic()
+            reply = await self._call("renew", argv)
+            now, deadline = int(reply[0]), int(reply[1])
+            granted = (deadline - now) / 1000
+            for i, ok in zip(members, reply[2:]):
+                if ok:
+                    lease = leases[i]
+                    owned[i] = True
+                    lease.deadline_ms = deadline
+                    lease.confirmed_until = sent + granted
+                    lease.lock_timeout = granted
         return owned
 
     async def complete_many(self, settled: Sequence[tuple[Lease, str]]) -> list[int]:
         """Complete many leases in one round trip; results already JSON-encoded.
 
-        Returns one code per lease: 1 completed, 2 already completed by that token
-        (a retried acknowledgement), 0 lease lost. Each token is checked on its own.
+        Returns one Outcome per lease: COMPLETED (also for a resent acknowledgement of
+        the same token), LOST, or how that token settled before. Each token is checked
+        on its own.
         """
         argv: list = [_retention_ms(self.retention_completed)]
         for lease, result_json in settled:
-            argv += [lease.task_id, lease.token, result_json]
-        return [int(code) for code in await self._call("complete", argv)]
+            argv += [lease._wire_id, lease.token, result_json]
+        return [Outcome(int(code)) for code in await self._call("complete", argv)]
 
     def wake_signal(self) -> WakeSignal:
         return WakeSignal(self)
@@ -375,9 +464,10 @@ class TaskQueue(OwnsConnection):
     # -- inspection and administration --------------------------------------
 
     async def get(self, task_id: str) -> TaskInfo | None:
+        """The task's record; a stored value that cannot be read is reported in `corrupt`."""
         with self._redis_errors:
-            h = await self.redis.hgetall(self.keys.task(task_id))
-        return models.parse_task(task_id, h) if h else None
+            flat = await self.redis.execute_command("HGETALL", self.keys.task(task_id), NEVER_DECODE=True)
+        return models.parse_task(task_id, protocol.decode_hash(flat)) if flat else None
 
     async def wait(self, task_id: str, *, timeout: float | None = None) -> Any:
         """The task's result once it completed; raises TaskFailed, TaskNotFound or TimeoutError.
@@ -490,7 +580,7 @@ class TaskQueue(OwnsConnection):
 
     async def maintain(self, *, batch: int = 100) -> MaintenanceReport:
         """One bounded pass: recover expired leases, promote due tasks, expire records."""
-        _check_number("batch", batch, minimum=1, integer=True, allow_none=False)
+        _check_number("batch", batch, minimum=1, integer=True, allow_none=False, maximum=MAX_MAINTAIN_BATCH)
         err = codec.dumps(ErrorInfo(STALLED, "lease expired too many times", kind="stall").to_json())
         reply = await self._call("maintain", [batch, self.max_stalled_count, err,
                                               _retention_ms(self.retention_failed)])
@@ -505,9 +595,9 @@ class TaskQueue(OwnsConnection):
             ids = await self.redis.zrange(self.keys.key(state), offset, offset + limit - 1)
             async with self.redis.pipeline(transaction=False) as pipe:
                 for tid in ids:
-                    pipe.hgetall(self.keys.task(tid))
+                    pipe.execute_command("HGETALL", self.keys.task(tid), NEVER_DECODE=True)
                 hashes = await pipe.execute()
-        return [models.parse_task(tid, h) for tid, h in zip(ids, hashes) if h]
+        return [models.parse_task(tid, protocol.decode_hash(h)) for tid, h in zip(ids, hashes) if h]
 
     async def dead_letters(self, *, limit: int = 100, offset: int = 0) -> list[TaskInfo]:
         """Tasks that failed for good (handler failures past max_retries, stalls, defects)."""

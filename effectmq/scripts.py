@@ -59,36 +59,54 @@ class ScriptRunner:
         self.keys = [k.encode() for k in keys]
         self.nkeys = len(self.keys)
 
-    def _packed(self, operation: str, argv: Sequence[Any]):
+    def _packed(self, operation: str, argv: Sequence[Any]) -> list[bytes]:
         command = ("EVALSHA", sha(operation), self.nkeys, *self.keys, *argv)
         if _pack is not None:
-            return _pack(command)
+            return [_pack(command)]
         return self.pool.connection_class(**self.pool.connection_kwargs).pack_command(*command)
 
-    async def _send(self, packed) -> Any:
+    async def _send(self, packed: list, raw: bool) -> list:
+        """Write every packed call on one connection, then read every reply (errors as values)."""
         conn = await self.pool.get_connection(*_CONNECTION_ARGS)
         try:
-            await conn.send_packed_command(packed, check_health=False)
-            return await conn.read_response()
-        except BaseException as exc:
-            if not isinstance(exc, redis_errors.ResponseError):
-                await conn.disconnect()  # the reply may still be in flight
+            await conn.send_packed_command([part for call in packed for part in call], check_health=False)
+            replies = []
+            for _ in packed:
+                try:
+                    replies.append(await conn.read_response(disable_decoding=raw))
+                except redis_errors.ResponseError as exc:
+                    replies.append(exc)
+            return replies
+        except BaseException:
+            await conn.disconnect()  # a reply may still be in flight
             raise
         finally:
             await self.pool.release(conn)
 
-    async def __call__(self, operation: str, argv: Sequence[Any]) -> Any:
-        packed = self._packed(operation, argv)
+    async def __call__(self, operation: str, argv: Sequence[Any], *, raw: bool = False) -> Any:
+        """One script call; with `raw`, strings in the reply stay bytes (decoded by the caller)."""
+        return (await self.many(operation, [argv], raw=raw))[0]
+
+    async def many(self, operation: str, argvs: Sequence[Sequence[Any]], *, raw: bool = False) -> list:
+        """Several calls of one script in one round trip; each still runs alone in Redis."""
+        packed = [self._packed(operation, argv) for argv in argvs]
         loaded = resent = False
         while True:
             try:
-                return await self._send(packed)
-            except redis_errors.NoScriptError:
-                if loaded:
-                    raise
-                await self.client.script_load(source(operation))
-                loaded = True
+                replies = await self._send(packed, raw)
             except TRANSPORT_ERRORS:
                 if resent or operation not in RETRY_SAFE:
                     raise
                 resent = True  # once, on a fresh connection
+                continue
+            missing = [isinstance(r, redis_errors.NoScriptError) for r in replies]
+            if any(missing) and not loaded:  # after a restart or SCRIPT FLUSH: load, send those again
+                await self.client.script_load(source(operation))
+                loaded = True
+                again = await self._send([p for p, m in zip(packed, missing) if m], raw)
+                it = iter(again)
+                replies = [next(it) if m else r for r, m in zip(replies, missing)]
+            for reply in replies:
+                if isinstance(reply, redis_errors.ResponseError):
+                    raise reply
+            return replies

@@ -10,6 +10,7 @@ longer be confirmed. SIGTERM drains: no new acquisitions, in-flight attempts get
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import contextvars
 import functools
@@ -23,14 +24,19 @@ from typing import Any, Callable, Mapping
 from . import codec, heartbeat, metrics
 from .acks import CompletionBatcher
 from .app import App, TaskDef
+from .aio import cancel_and_wait
 from .errors import (
-    DEFECT, TIMEOUT, CorruptValue, ErrorInfo, InvalidOption, LeaseLost, RedisUnavailable,
+    DEFECT, TIMEOUT, AlreadySettled, CorruptValue, ErrorInfo, InvalidOption, LeaseLost, RedisRefused,
+    RedisUnavailable,
 )
+from .protocol import Outcome
 from .queue import Lease, TaskQueue
 
 log = logging.getLogger("effectmq.worker")
 UNKNOWN_TASK_LABEL = "<unknown>"
 WORKER_BEAT_INTERVAL = 2.0  # seconds between announcements of this worker's load
+BACKOFF_FIRST, BACKOFF_LIMIT = 0.1, 5.0  # seconds: a failing loop's first and longest wait
+HELPER_STOP_TIMEOUT = 2.0  # seconds the helper loops get to end once the drain is over
 
 
 class TaskContext:
@@ -112,13 +118,18 @@ class Worker:
         self.metrics_port = metrics_port
         self.install_signal_handlers = install_signal_handlers
         self.name = name or f"worker-{random.getrandbits(32):08x}"
-        self._attempts: dict[str, _Attempt] = {}
+        self._attempts: dict[str, _Attempt] = {}  # by lease token: two attempts of one task may meet here
+        self._background: set[asyncio.Task] = set()
+        self._fatal: BaseException | None = None
         self._stopping = asyncio.Event()
+        self._closing = asyncio.Event()  # the drain is over: helper loops end
+        self._new_attempt = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="effectmq-handler")
         self._q = self.queue.name
         self._completions = CompletionBatcher(self.queue)
         self._metrics = metrics.AttemptMetrics(self._q)
+        self._ready = metrics.REDIS_READY.labels(self._q)
         self.processed = 0
 
     # -- lifecycle ----------------------------------------------------------
@@ -134,6 +145,7 @@ class Worker:
         return len(self._attempts)
 
     async def run(self) -> None:
+        """Serve until stop() (or SIGTERM); raises the error that made a loop give up, if any."""
         loop = asyncio.get_running_loop()
         if self.install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -141,33 +153,73 @@ class Worker:
                     loop.add_signal_handler(sig, self.stop)
         if self.metrics_port is not None:
             metrics.start_server(self.metrics_port)
-        wake = await self.queue.wake_signal().start()
-        helpers = [
-            asyncio.create_task(self._heartbeat_loop(), name="effectmq-heartbeat"),
-            asyncio.create_task(self._maintenance_loop(), name="effectmq-maintenance"),
-            asyncio.create_task(self._announce_loop(), name="effectmq-announce"),
-        ]
-        log.info("worker %s serving queue %r at %s with %d handlers, concurrency %d",
-                 self.name, self._q, self.queue.url, len(self.handlers), self.concurrency)
+        helpers: list[asyncio.Task] = []
+        wake = None
         try:
-            await self._acquire_loop(wake)
-            await self._drain()
+            if await self._wait_for_redis():
+                wake = await self.queue.wake_signal().start()
+                helpers = [
+                    asyncio.create_task(self._heartbeat_loop(), name="effectmq-heartbeat"),
+                    asyncio.create_task(self._maintenance_loop(), name="effectmq-maintenance"),
+                    asyncio.create_task(self._announce_loop(), name="effectmq-announce"),
+                ]
+                log.info("worker %s serving queue %r at %s with %d handlers, concurrency %d",
+                         self.name, self._q, self.queue.url, len(self.handlers), self.concurrency)
+                await self._acquire_loop(wake)
+                await self._drain()
         finally:
-            for task in helpers:
-                task.cancel()
-            for task in helpers:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            await wake.close()
+            self._closing.set()  # helpers end their loops; a lost cancel cannot keep them going
+            await cancel_and_wait(helpers + list(self._background), HELPER_STOP_TIMEOUT)
+            if wake is not None:
+                await wake.close(HELPER_STOP_TIMEOUT)
             self._executor.shutdown(wait=False, cancel_futures=True)
             if self.install_signal_handlers:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     with contextlib.suppress(Exception):
                         loop.remove_signal_handler(sig)
             log.info("worker %s stopped after %d attempts", self.name, self.processed)
+        if self._fatal is not None:
+            raise self._fatal
+
+    async def _wait_for_redis(self) -> bool:
+        """Wait with backoff until Redis answers (a service starts before its Redis does);
+        False when stopped meanwhile."""
+        backoff = BACKOFF_FIRST
+        while not self._stopping.is_set():
+            try:
+                await self.queue.ping()
+                self._ready.set(1)
+                return True
+            except RedisUnavailable as exc:
+                self._ready.set(0)
+                if not exc.retryable:
+                    raise
+                log.warning("worker %s: Redis not reachable yet, retrying in %.1fs: %s", self.name, backoff, exc)
+            await self._until(self._stopping, backoff)
+            backoff = min(backoff * 2, BACKOFF_LIMIT)
+        return False
+
+    def _loop_failed(self, loop: str, exc: BaseException, retry_in: float | None = None) -> None:
+        """One place judges a loop's error: retryable ones are logged and backed off from;
+        any other makes the worker drain and run() raise it (a non-zero exit)."""
+        code = getattr(exc, "code", None) or type(exc).__name__
+        metrics.LOOP_ERRORS.labels(self._q, loop, code).inc()
+        if isinstance(exc, asyncio.TimeoutError) or (isinstance(exc, RedisUnavailable) and exc.retryable):
+            self._ready.set(0)
+            reason = str(exc) or "no reply in time"
+            if retry_in is None:
+                log.warning("%s failed (%s): %s", loop, code, reason)
+            else:
+                log.warning("%s failed (%s), retrying in %.1fs: %s", loop, code, retry_in, reason)
+            return
+        if self._fatal is None:
+            self._fatal = exc
+            log.error("%s failed with an error retrying cannot fix; worker %s stops: %s", loop, self.name, exc,
+                      exc_info=not isinstance(exc, RedisRefused))
+        self.stop()
 
     async def _acquire_loop(self, wake) -> None:
-        backoff = 0.1
+        backoff = BACKOFF_FIRST
         while not self._stopping.is_set():
             free = self.concurrency - len(self._attempts)
             if free <= 0:
@@ -177,12 +229,17 @@ class Worker:
             wake.event.clear()  # cleared before acquiring: a later offer sets it again
             try:
                 leases, next_due = await self.queue.acquire_many(free, lock_timeout=self.lock_timeout)
-                backoff = 0.1
-            except RedisUnavailable as exc:
-                log.warning("acquire failed, retrying in %.1fs: %s", backoff, exc)
+                backoff = BACKOFF_FIRST
+                self._ready.set(1)
+            except Exception as exc:  # noqa: BLE001 - judged in one place
+                self._loop_failed("acquire", exc, backoff)
                 await self._until(self._stopping, backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, BACKOFF_LIMIT)
                 continue
+            if self._stopping.is_set():  # stopped while the call was out: hand them back
+                for lease in leases:
+                    self._release_in_background(lease, "the worker is stopping")
+                break
             for lease in leases:
                 self._start(lease)
             self._metrics.in_flight.set(len(self._attempts))
@@ -218,13 +275,37 @@ class Worker:
     # -- attempts -------------------------------------------------------------
 
     def _start(self, lease: Lease) -> None:
+        if time.monotonic() >= lease.confirmed_until - heartbeat.safety_margin(lease.lock_timeout):
+            # The reply came late (a held network, a paused process): never run on a spent lease.
+            self._release_in_background(lease, "its lease ran out before it could start")
+            return
+        for other in list(self._attempts.values()):
+            if other.lease.task_id != lease.task_id:
+                continue
+            if other.lease.attempt >= lease.attempt:  # this delivery is the stale one
+                log.warning("task %s: attempt %d delivered after attempt %d; not started",
+                            lease.task_id, lease.attempt, other.lease.attempt)
+                return
+            self._interrupt(other, f"attempt {lease.attempt} of this task now owns it")
         definition = self.handlers.get(lease.name)
         refresh = heartbeat.refresh_interval(lease.lock_timeout, self.lock_refresh)
         attempt = _Attempt(lease, definition, time.monotonic() + refresh)
-        self._attempts[lease.task_id] = attempt
+        self._attempts[lease.token] = attempt
+        self._new_attempt.set()
         attempt.task = asyncio.create_task(self._run_attempt(attempt))
         label = lease.name if definition else UNKNOWN_TASK_LABEL
         self._metrics.started(label)
+
+    def _release_in_background(self, lease: Lease, why: str) -> None:
+        log.warning("task %s (attempt %d) not started: %s; releasing it", lease.task_id, lease.attempt, why)
+
+        async def release() -> None:
+            with contextlib.suppress(LeaseLost, RedisUnavailable, RedisRefused):
+                await lease.release()
+
+        task = asyncio.create_task(release(), name=f"effectmq-release-{lease.task_id}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _run_attempt(self, attempt: _Attempt) -> None:
         lease, definition = attempt.lease, attempt.definition
@@ -240,13 +321,19 @@ class Worker:
         except Exception:  # never let one attempt take the worker down
             log.exception("unexpected error settling task %s", lease.task_id)
         finally:
-            self._attempts.pop(lease.task_id, None)
+            self._attempts.pop(lease.token, None)
             self._slot_free.set()
             self.processed += 1
             self._metrics.settled(label, outcome, time.monotonic() - attempt.started)
 
     async def _execute(self, attempt: _Attempt) -> str:
         lease, definition = attempt.lease, attempt.definition
+        if lease.corrupt:  # a stored value that cannot be read never runs, and never will
+            problems = "; ".join(f"{name}: {why}" for name, why in sorted(lease.corrupt.items()))
+            data = {"raw": {name: base64.b64encode(raw).decode() for name, raw in lease.raw.items()}}
+            error = ErrorInfo(DEFECT, f"stored values of task {lease.task_id!r} cannot be read ({problems})",
+                              data if lease.raw else None)
+            return await self._fail(lease, error, definition, retryable=False)
         if definition is None:
             known = ", ".join(sorted(self.handlers))
             error = ErrorInfo(DEFECT, f"no handler for task {lease.name!r} in this worker (known: {known})")
@@ -280,8 +367,7 @@ class Worker:
         return await self._settle(lease, "complete", self._complete, lease, encoded)
 
     async def _complete(self, lease: Lease, encoded: str) -> None:
-        if await self._completions.complete(lease, encoded) == 0:
-            raise LeaseLost(lease.task_id, "complete")
+        lease._settled("complete", await self._completions.complete(lease, encoded), (Outcome.COMPLETED,))
 
     async def _call(self, definition: TaskDef, payload: Any, lease: Lease) -> Any:
         args: tuple = ()
@@ -306,8 +392,9 @@ class Worker:
                                   declared=declared)
 
     async def _settle(self, lease: Lease, operation: str, call: Callable, *args: Any, **kwargs: Any) -> Any:
-        """Send an acknowledgement; transport errors are retried with the same token
-        (a duplicate is answered as done) until the lease can no longer be ours."""
+        """Send an acknowledgement; retryable errors are retried with the same token (a
+        resend is answered with how it settled) until the lease can no longer be ours.
+        Returns the true outcome, for metrics and logs."""
         backoff = 0.05
         while True:
             try:
@@ -315,6 +402,10 @@ class Worker:
                 if operation == "fail":
                     return "retry" if result else "failed"
                 return "completed" if operation == "complete" else "released"
+            except AlreadySettled as exc:
+                log.warning("task %s: %s answered: this attempt already settled as %s",
+                            lease.task_id, operation, exc.outcome)
+                return exc.outcome
             except LeaseLost:
                 log.warning("task %s: %s rejected, lease lost (another attempt owns it now)", lease.task_id, operation)
                 return "lease_lost"
@@ -324,29 +415,44 @@ class Worker:
                     return "lease_lost"
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
+            except RedisRefused as exc:
+                log.error("task %s: %s refused; the lease will run out: %s", lease.task_id, operation, exc)
+                return "lease_lost"
 
     # -- heartbeat and maintenance -------------------------------------------
 
+    def _heartbeat_tick(self) -> float:
+        """A quarter of the shortest renewal interval in flight (the granted leases decide)."""
+        leases = [a.lease.lock_timeout for a in self._attempts.values()] or [self.lock_timeout]
+        return max(0.01, min(heartbeat.refresh_interval(min(leases), self.lock_refresh) / 4, 1.0))
+
     async def _heartbeat_loop(self) -> None:
-        tick = max(0.01, min(heartbeat.refresh_interval(self.lock_timeout, self.lock_refresh) / 4, 1.0))
-        while True:
-            await asyncio.sleep(tick)
-            await self._heartbeat_once()
+        while not self._closing.is_set():
+            await self._until(self._new_attempt, self._heartbeat_tick())  # a new lease may need a faster tick
+            self._new_attempt.clear()
+            try:
+                await self._heartbeat_once()
+            except Exception as exc:  # noqa: BLE001 - the safety window alone interrupts handlers
+                self._loop_failed("heartbeat", exc)
 
     async def _announce_loop(self) -> None:
         """Tell the operator how busy this process is (it protects busy pods on scale-in).
         Separate from the heartbeat, so a slow announcement never delays a renewal."""
         try:
-            while True:
+            while not self._closing.is_set():
                 await self._announce(len(self._attempts))
                 await asyncio.sleep(WORKER_BEAT_INTERVAL)
         finally:
             await self._announce(-1)
 
     async def _announce(self, in_flight: int) -> None:
-        with contextlib.suppress(RedisUnavailable, asyncio.TimeoutError):
+        try:
             beat = self.queue.worker_beat(self.name, in_flight, self.concurrency, ttl=3 * WORKER_BEAT_INTERVAL)
             await asyncio.wait_for(beat, WORKER_BEAT_INTERVAL)
+        except (RedisUnavailable, asyncio.TimeoutError) as exc:
+            log.debug("announcement skipped: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - judged in one place
+            self._loop_failed("announce", exc)
 
     async def _heartbeat_once(self) -> None:
         now = time.monotonic()
@@ -358,7 +464,7 @@ class Worker:
             action = heartbeat.decide(now, attempt.next_renew, lease.confirmed_until,
                                       heartbeat.safety_margin(lease.lock_timeout))
             if action is heartbeat.Action.INTERRUPT:
-                self._interrupt(attempt, "ownership could not be confirmed in time")
+                self._interrupt(attempt, "lease could not be confirmed in time")
             elif action is heartbeat.Action.RENEW:
                 due.append(attempt)
         if not due:
@@ -368,8 +474,8 @@ class Worker:
         try:
             owned = await asyncio.wait_for(self.queue._renew([a.lease for a in due]), budget)
         except (RedisUnavailable, asyncio.TimeoutError) as exc:
-            log.warning("heartbeat failed for %d leases: %s", len(due), exc or "timeout")
-            return  # retried on the next tick, until the safety window closes
+            self._loop_failed("heartbeat", exc)  # retried on the next tick, until the safety window closes
+            return
         for attempt, ok in zip(due, owned):
             if ok:
                 attempt.next_renew = time.monotonic() + heartbeat.refresh_interval(
@@ -386,22 +492,29 @@ class Worker:
             attempt.task.cancel()
 
     async def _maintenance_loop(self) -> None:
-        while True:
+        backoff = BACKOFF_FIRST
+        while not self._stopping.is_set():
             # Jitter keeps a fleet of workers from sweeping in lockstep.
-            await asyncio.sleep(self.maintenance_interval * random.uniform(0.5, 1.5))
+            await self._until(self._stopping, self.maintenance_interval * random.uniform(0.5, 1.5))
+            if self._stopping.is_set():
+                return
             try:
-                await self.queue.refresh_settings()
-                for _ in range(10):  # bounded: at most ten batches per interval
-                    report = await self.queue.maintain(batch=self.maintenance_batch)
-                    if report.recovered:
-                        metrics.STALLS.labels(self._q, "recovered").inc(report.recovered)
-                    if report.stalled_failed:
-                        metrics.STALLS.labels(self._q, "failed").inc(report.stalled_failed)
-                    if not report.more:
-                        break
-                metrics.MAINTENANCE_LAST.labels(self._q).set(time.time())
-                metrics.record_stats(await self.queue.stats())
-            except RedisUnavailable as exc:
-                log.warning("maintenance skipped: %s", exc)
-            except Exception:
-                log.exception("maintenance pass failed")
+                await self._maintain_once()
+                backoff = BACKOFF_FIRST
+            except Exception as exc:  # noqa: BLE001 - judged in one place
+                self._loop_failed("maintenance", exc, backoff)
+                await self._until(self._stopping, backoff)
+                backoff = min(backoff * 2, BACKOFF_LIMIT)
+
+    async def _maintain_once(self) -> None:
+        await self.queue.refresh_settings()
+        for _ in range(10):  # bounded: at most ten batches per interval
+            report = await self.queue.maintain(batch=self.maintenance_batch)
+            if report.recovered:
+                metrics.STALLS.labels(self._q, "recovered").inc(report.recovered)
+            if report.stalled_failed:
+                metrics.STALLS.labels(self._q, "failed").inc(report.stalled_failed)
+            if not report.more:
+                break
+        metrics.MAINTENANCE_LAST.labels(self._q).set(time.time())
+        metrics.record_stats(await self.queue.stats())

@@ -15,6 +15,8 @@ Every script receives the same queue-level KEYS (all share the queue's hash tag)
   KEYS[11] seq         counter for FIFO order and lease tokens
   KEYS[12] ready_since zset of waiting ids, score = time it became ready (oldest-waiting age)
   KEYS[13] workers     hash of live worker processes: name -> "in_flight concurrency expires_ms"
+  KEYS[14] settled     zset of settlements whose record is gone: outcome..":"..token, score = expiry
+                       (a resent acknowledgement still learns how its attempt settled)
 Task keys are derived from KEYS[1] and therefore hash to the same slot.
 All times come from Redis TIME, in milliseconds.
 ]]
@@ -22,7 +24,10 @@ local BASE = KEYS[1]
 local K_WAITING, K_DELAYED, K_ACTIVE = KEYS[2], KEYS[3], KEYS[4]
 local K_COMPLETED, K_FAILED, K_CANCELED = KEYS[5], KEYS[6], KEYS[7]
 local K_DEDUP, K_META, K_EVENTS, K_SEQ, K_READY_SINCE = KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
-local K_WORKERS = KEYS[13]
+local K_WORKERS, K_SETTLED = KEYS[13], KEYS[14]
+-- How an attempt settled (protocol.Outcome); 0 = not settled by that token (lease lost).
+local OUTCOME_COMPLETED, OUTCOME_RETRY, OUTCOME_FAILED, OUTCOME_RELEASED = 1, 2, 3, 4
+local SETTLED_KEEP_MS = 600000  -- how long a deleted record's outcome is remembered
 local PRIORITY_SPAN = 1099511627776 -- 2^40 sequence numbers per priority band
 
 local function now_ms()
@@ -79,13 +84,46 @@ local function enqueue_delayed(id, key, due)
   redis.call('HSET', key, 'state', 'delayed', 'ready_at', due)
 end
 
--- Drop a task record; an explicit id stays reserved in the dedup index.
+-- Drop a task record; an explicit id stays reserved in the dedup index, and the last
+-- settlement's outcome stays known to a resent acknowledgement for a while.
 local function forget(id, key, now)
-  if redis.call('HGET', key, 'explicit_id') == '1' then
+  local f = redis.call('HMGET', key, 'explicit_id', 'last_token', 'last_outcome')
+  if f[1] == '1' then
     local window = meta_num('dedup_window_ms', 604800000)  -- DEFAULT_DEDUP_WINDOW in queue.py
     redis.call('ZADD', K_DEDUP, now + window, id)
   end
+  if f[2] and f[2] ~= '' and f[3] then
+    redis.call('ZADD', K_SETTLED, now + SETTLED_KEEP_MS, f[3] .. ':' .. f[2])
+  end
   redis.call('DEL', key)
+end
+
+-- Remember that `token` settled this task with `outcome`.
+local function record_outcome(key, token, outcome)
+  redis.call('HSET', key, 'token', '', 'last_token', token, 'last_outcome', outcome)
+end
+
+-- How `token` settled this task (0 = it did not, or it is no longer known).
+local function outcome_of(id, token)
+  if token == '' then return 0 end
+  local f = redis.call('HMGET', task_key(id), 'last_token', 'last_outcome')
+  if f[1] == token then return tonumber(f[2]) or 0 end
+  for outcome = OUTCOME_COMPLETED, OUTCOME_RELEASED do
+    if redis.call('ZSCORE', K_SETTLED, outcome .. ':' .. token) then return outcome end
+  end
+  return 0
+end
+
+-- A slot under max_active was freed: waiting workers may acquire again.
+local function freed_slot()
+  if meta_num('max_active', 0) > 0 then wake() end
+end
+
+-- ZREM many members without overflowing Lua's stack with unpack().
+local function zrem_all(index, members)
+  for i = 1, #members, 1000 do
+    redis.call('ZREM', index, unpack(members, i, math.min(i + 999, #members)))
+  end
 end
 
 -- Move a task into a terminal state and its retention index; wake waiters.
@@ -110,11 +148,6 @@ local function owned(id, token, now)
     return key
   end
   return nil
-end
-
--- Did the same token already settle this task (a retried acknowledgement)?
-local function settled_by(id, token)
-  return token ~= '' and redis.call('HGET', task_key(id), 'last_token') == token
 end
 
 local function drop_from_indexes(id, state)

@@ -5,6 +5,7 @@ ARGV[2] default max_stalled_count (task option, then meta max_stalled_count, the
 ARGV[3] stalled error (JSON, tag ~effectmq/Error/Stalled)
 ARGV[4] retention_ms for failed records (meta retention_failed_ms wins; -1 = keep)
 Returns: {recovered, stalled_failed, promoted, expired_records, expired_reservations, more}
+  (expired_reservations also counts remembered settlements that ended)
   more = 1 when a sweep was cut short by its batch (call again soon).
 ]]
 local now = now_ms()
@@ -34,7 +35,7 @@ for _, id in ipairs(expired) do
     end
   end
 end
-if recovered > 0 then wake() end
+if recovered > 0 then wake() elseif dead > 0 then freed_slot() end
 
 -- 2. Delayed tasks that are due.
 local promoted = promote_due(now, batch)
@@ -56,6 +57,11 @@ end
 -- 4. Reserved ids whose dedup window ended.
 local ended = redis.call('ZRANGEBYSCORE', K_DEDUP, '-inf', now, 'LIMIT', 0, batch)
 if #ended == batch then more = 1 end
-if #ended > 0 then redis.call('ZREM', K_DEDUP, unpack(ended)) end
+zrem_all(K_DEDUP, ended)
+
+-- 5. Remembered settlements past their time.
+local outcomes = redis.call('ZRANGEBYSCORE', K_SETTLED, '-inf', now, 'LIMIT', 0, batch)
+if #outcomes == batch then more = 1 end
+zrem_all(K_SETTLED, outcomes)
 
 return {recovered, dead, promoted, forgotten, #ended, more}

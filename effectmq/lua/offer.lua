@@ -11,6 +11,7 @@ local now = now_ms()
 local n = tonumber(ARGV[1])
 local created = {}
 local woke = false
+local first_due = next_due()
 for i = 0, n - 1 do
   local b = 2 + i * 9
   local id = ARGV[b]
@@ -27,6 +28,10 @@ for i = 0, n - 1 do
       'stalled_attempt_count', 0, 'created_at', now, 'token', '')
     if delay > 0 then
       enqueue_delayed(id, key, now + delay)
+      if first_due < 0 or now + delay < first_due then
+        first_due = now + delay
+        woke = true  -- a sleeping worker's next look must come sooner
+      end
     else
       enqueue_waiting(id, key, now)
       woke = true

@@ -21,6 +21,10 @@ STEPS = int(os.environ.get("EFFECTMQ_MODEL_STEPS", "50"))
 EXAMPLES = int(os.environ.get("EFFECTMQ_MODEL_EXAMPLES", "200"))
 
 
+# Which earlier outcomes of the same token each acknowledgement repeats.
+SETTLES_AS = {"complete": {"completed"}, "fail": {"retry", "failed"}, "release": {"released"}}
+
+
 @dataclass
 class ModelTask:
     priority: int
@@ -32,6 +36,7 @@ class ModelTask:
     token: str | None = None  # the current lease token, None unless active
     expired: bool = False  # the current lease ran out (by the simulated clock)
     last_token: str | None = None  # the token that last settled or released it
+    last_outcome: str | None = None  # how it did: completed, retry, failed, released
 
 
 @dataclass
@@ -105,39 +110,51 @@ class QueueMachine(RuleBasedStateMachine):
         assert (lease.attempt, lease.handler_failure_count, lease.stalled_attempt_count) == (t.attempt, t.hfc, t.sac)
         self.leases.append(lease)
 
-    def fenced(self, lease, operation, duplicate_ok: bool = False, settles: bool = True):
-        """Run an owned write: it must succeed iff the lease is current, or when it
-        repeats the acknowledgement that this same token already made (a no-op)."""
+    def fenced(self, lease, operation, kind: str | None = None):
+        """Run an owned write: it must succeed iff the lease is current, or when it repeats
+        the acknowledgement that this same token already made (same answer); a different
+        acknowledgement of a settled token is AlreadySettled, naming how it settled."""
         owner = self.model.owns(lease)
-        duplicate = duplicate_ok and self.model.tasks[lease.task_id].last_token == lease.token
+        t = self.model.tasks[lease.task_id]
+        settled_as = t.last_outcome if kind and t.last_token == lease.token else None
+        repeat = settled_as is not None and settled_as in SETTLES_AS[kind]
         try:
             result = self.run(operation)
-        except effectmq.LeaseLost:
-            assert not owner and not duplicate, "the current owner was rejected"
+        except effectmq.AlreadySettled as exc:
+            assert not owner and settled_as is not None and not repeat, "the current owner was rejected"
+            assert exc.outcome == settled_as, (exc.outcome, settled_as)
             return False, None
-        assert owner or duplicate, "a stale lease was accepted"
-        if owner and settles:
-            self.model.tasks[lease.task_id].last_token = lease.token
+        except effectmq.LeaseLost:
+            assert not owner and settled_as is None, "the current owner was rejected"
+            return False, None
+        assert owner or repeat, "a stale lease was accepted"
+        if not owner and kind == "fail":
+            assert result == (settled_as == "retry"), "a resent fail answered differently"
         return owner, result
+
+    def settled(self, lease, outcome: str) -> None:
+        t = self.model.tasks[lease.task_id]
+        t.last_token, t.last_outcome = lease.token, outcome
 
     @rule(i=st.integers(0, 1000))
     def complete(self, i):
         lease = self.pick(i)
-        t = self.model.tasks[lease.task_id] if lease else None
-        if lease and self.fenced(lease, lease.complete({"by": lease.token}), t.state == "completed")[0]:
+        if lease and self.fenced(lease, lease.complete({"by": lease.token}), "complete")[0]:
             t = self.model.tasks[lease.task_id]
             t.state, t.token = "completed", None
+            self.settled(lease, "completed")
 
     @rule(i=st.integers(0, 1000))
     def fail(self, i):
         lease = self.pick(i)
         if lease is None:
             return
-        ok, retried = self.fenced(lease, lease.fail(effectmq.ErrorInfo("Boom")), duplicate_ok=True)
+        ok, retried = self.fenced(lease, lease.fail(effectmq.ErrorInfo("Boom")), "fail")
         if ok:
             t = self.model.tasks[lease.task_id]
             t.hfc += 1
             assert retried == (t.hfc <= MAX_RETRIES)
+            self.settled(lease, "retry" if retried else "failed")
             if retried:
                 self.model.enqueue(lease.task_id)
             else:
@@ -146,15 +163,16 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 1000))
     def release(self, i):
         lease = self.pick(i)
-        if lease and self.fenced(lease, lease.release(), duplicate_ok=True)[0]:
+        if lease and self.fenced(lease, lease.release(), "release")[0]:
+            self.settled(lease, "released")
             self.model.enqueue(lease.task_id)
 
     @rule(i=st.integers(0, 1000))
     def renew_or_progress(self, i):
         lease = self.pick(i)
         if lease:
-            self.fenced(lease, lease.renew(), settles=False)
-            self.fenced(lease, lease.progress(i), settles=False)
+            self.fenced(lease, lease.renew())
+            self.fenced(lease, lease.progress(i))
 
     @rule(tid=IDS)
     def expire(self, tid):

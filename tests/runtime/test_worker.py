@@ -1,34 +1,12 @@
 """The Worker in-process: handlers, failures, timeouts, wake-up, heartbeats, drain."""
 
 import asyncio
-import contextlib
 import time
 
 import pytest
 
 import effectmq
-
-
-@contextlib.asynccontextmanager
-async def running(worker):
-    task = asyncio.create_task(worker.run())
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        await asyncio.wait_for(task, 30)
-
-
-def make_worker(queue, handlers, **options):
-    options.setdefault("install_signal_handlers", False)
-    options.setdefault("maintenance_interval", 0.1)
-    return effectmq.Worker(queue, handlers, **options)
-
-
-async def settled(queue, task_id, timeout=10.0):
-    with contextlib.suppress(effectmq.TaskFailed):
-        await queue.wait(task_id, timeout=timeout)
-    return await queue.get(task_id)
+from tests.support.inprocess import make_worker, running, settled
 
 
 async def test_async_and_sync_handlers_with_context(queue):

@@ -1,0 +1,165 @@
+"""Redis error replies (OOM, BUSY, READONLY, LOADING) during a run with long handlers:
+no worker loop dies, no healthy attempt stalls, every task completes (issue 12, must-show 1).
+
+Each fault is real: `CONFIG SET maxmemory`, a long-running EVAL, `REPLICAOF` an
+unreachable primary, a restart that loads a large dataset slowly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import redis
+import redis.exceptions as redis_errors
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+import effectmq
+from tests.fixtures.redis import free_port
+from tests.support.inprocess import make_worker, running
+
+pytestmark = pytest.mark.slow
+
+
+def hold_oom(server, seconds):
+    r = server.client()
+    r.config_set("maxmemory", "1")
+    time.sleep(seconds)
+    r.config_set("maxmemory", "0")
+
+
+def hold_busy(server, seconds):
+    r = server.client()
+    r.config_set("busy-reply-threshold", "100")
+    # A script that spins on TIME: every other client gets BUSY until it ends.
+    spin = """
+    local t = redis.call('TIME'); local start = t[1] * 1000000 + t[2]
+    while true do
+      t = redis.call('TIME')
+      if t[1] * 1000000 + t[2] - start > tonumber(ARGV[1]) then return 1 end
+    end"""
+    r.eval(spin, 0, int(seconds * 1_000_000))
+
+
+def hold_readonly(server, seconds):
+    r = server.client()
+    r.execute_command("REPLICAOF", "127.0.0.1", free_port())  # never reachable: the data stays
+    time.sleep(seconds)
+    r.execute_command("REPLICAOF", "NO", "ONE")
+
+
+FAULTS = {"oom": hold_oom, "busy": hold_busy, "readonly": hold_readonly}
+
+
+async def retrying(call, *args, **kwargs):
+    """A careful client: a refusal for now (LOADING just after the fault) is tried again."""
+    for _ in range(100):
+        try:
+            return await call(*args, **kwargs)
+        except effectmq.RedisUnavailable:
+            await asyncio.sleep(0.1)
+    return await call(*args, **kwargs)
+
+
+async def long_tasks_through(server, fault, *, lock_timeout=2.0, handler_seconds=3.0, fault_seconds=1.2):
+    """Four long attempts and an idle slot polling; the fault lands mid-run."""
+    q = effectmq.TaskQueue("replies", url=server.url, lock_timeout=lock_timeout, max_stalled_count=5)
+    ran: list[tuple[str, int]] = []
+
+    async def slow(payload, ctx):
+        ran.append((ctx.task_id, ctx.attempt))
+        await asyncio.sleep(payload["sleep"])
+        return ctx.attempt
+
+    worker = make_worker(q, {"slow": slow}, concurrency=6, idle_poll=0.2)
+    # An attempt abandoned by a dead consumer: only a live maintenance loop recovers it.
+    await q.offer("slow", {"sleep": 0.01}, task_id="abandoned")
+    assert (await q.acquire(lock_timeout=0.5)).task_id == "abandoned"
+    async with running(worker) as run:
+        for i in range(4):
+            await q.offer("slow", {"sleep": handler_seconds}, task_id=f"long-{i}")
+        await asyncio.sleep(0.4)
+        await asyncio.to_thread(fault, server, fault_seconds)
+        assert not run.done(), "worker.run() ended during the fault"
+        for i in range(4):  # offered after the fault: the acquire loop is alive
+            await retrying(q.offer, "slow", {"sleep": 0.01}, task_id=f"after-{i}")
+        ids = [f"long-{i}" for i in range(4)] + [f"after-{i}" for i in range(4)] + ["abandoned"]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            infos = {i: await retrying(q.get, i) for i in ids}
+            if all(info.state == "completed" for info in infos.values()):
+                break
+            await asyncio.sleep(0.1)
+        live = await q.workers()
+    await q.close()
+    states = {i: (info.state, info.attempt, info.stalled_attempt_count) for i, info in infos.items()}
+    for i in ids[:-1]:
+        assert states[i] == ("completed", 1, 0), (fault, states)  # no healthy attempt stalled
+    assert states["abandoned"] == ("completed", 2, 1), (fault, states)  # maintenance kept running
+    assert worker.name in live  # the announce loop kept running
+    return ran
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+async def test_error_replies_kill_no_loop(make_redis, fault):
+    server = make_redis()
+    await long_tasks_through(server, FAULTS[fault])
+
+
+async def test_loading_after_a_restart_kills_no_loop(make_redis):
+    """A restart that loads slowly: connection refused, then LOADING for about 2 s."""
+    server = make_redis(aof=True, extra_args=("--key-load-delay", "100",
+                                              "--loading-process-events-interval-bytes", "1024"))
+    filler = server.client()
+    with filler.pipeline(transaction=False) as pipe:
+        for i in range(20_000):
+            pipe.set(f"filler:{i}", "x")
+        pipe.execute()
+    filler.bgrewriteaof()  # the keys go into the AOF's RDB base, which loads key by key
+
+    def restart_loading(server, _seconds):
+        while filler.info("persistence")["aof_rewrite_in_progress"]:
+            time.sleep(0.05)
+        server.stop()
+        threading.Thread(target=server.start, daemon=True).start()
+        probe = redis.Redis(port=server.port, socket_connect_timeout=0.2,
+                            retry=Retry(NoBackoff(), 0))  # see the reply, not redis-py's retries
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # LOADING was really answered
+            try:
+                probe.get("filler:0")  # PING is served while loading; a read is not
+            except redis_errors.ConnectionError as exc:  # BusyLoadingError, or LOADING while connecting
+                if "loading" in str(exc).lower():
+                    return
+            time.sleep(0.02)
+        raise AssertionError("the restart never answered LOADING")
+
+    await long_tasks_through(server, restart_loading, lock_timeout=8.0, handler_seconds=6.0)
+
+
+@pytest.mark.parametrize("reply, retryable", [
+    (redis_errors.OutOfMemoryError("command not allowed when used memory > 'maxmemory'", status_code="OOM"), True),
+    (redis_errors.ResponseError("BUSY Redis is busy running a script."), True),
+    (redis_errors.ReadOnlyError("You can't write against a read only replica.", status_code="READONLY"), True),
+    (redis_errors.BusyLoadingError("Redis is loading the dataset in memory", status_code="LOADING"), True),
+    (redis_errors.MasterDownError("Link with MASTER is down", status_code="MASTERDOWN"), True),
+    (redis_errors.TryAgainError("Multiple keys request during rehashing", status_code="TRYAGAIN"), True),
+    (redis_errors.ResponseError("MISCONF Redis is configured to save RDB snapshots"), True),
+    (redis_errors.ResponseError("NOREPLICAS Not enough good replicas to write."), True),
+    (redis_errors.ConnectionError("Connection reset by peer"), True),
+    (redis_errors.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused."), True),
+    (redis_errors.TimeoutError("Timeout reading from socket"), True),
+    (redis_errors.AuthenticationError("invalid username-password pair", status_code="WRONGPASS"), False),
+    (redis_errors.NoPermissionError("this user has no permissions", status_code="NOPERM"), False),
+    (redis_errors.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"), False),
+    (redis_errors.ResponseError("ERR Error running script (call to f_0123): @user_script:1: bug"), False),
+])
+def test_every_reply_class_is_classified(reply, retryable):
+    from effectmq.connection import classify_reply
+
+    kind = classify_reply(reply)
+    assert kind.retryable is retryable, (reply, kind)
+    assert kind.code  # the log line names the class
