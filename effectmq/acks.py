@@ -8,6 +8,7 @@ no latency. Every lease's token is still checked on its own by the script.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,8 +24,8 @@ class CompletionBatcher:
         self._flusher: asyncio.Task | None = None
 
     async def complete(self, lease: "Lease", result_json: str) -> int:
-        """1 completed, 2 already completed by this token, 0 lease lost; raises
-        RedisUnavailable when the batch's outcome is unknown (safe to retry)."""
+        """The Outcome the script gave this lease; raises RedisUnavailable or TimeoutError
+        when the batch's outcome is unknown (safe to send again)."""
         future = asyncio.get_running_loop().create_future()
         self._pending.append((lease, result_json, future))
         if self._flusher is None or self._flusher.done():
@@ -34,8 +35,12 @@ class CompletionBatcher:
     async def _flush(self) -> None:
         while self._pending:
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            # Bounded by the batch's earliest lease: a hung connection must not hold every
+            # later completion (the waiters resend, with the same tokens, while they may).
+            left = max(0.01, min(lease.confirmed_until for lease, _, _ in batch) - time.monotonic())
             try:
-                codes = await self.queue.complete_many([(lease, result) for lease, result, _ in batch])
+                call = self.queue.complete_many([(lease, result) for lease, result, _ in batch])
+                codes = await asyncio.wait_for(call, left)
             except BaseException as exc:  # noqa: BLE001 - handed to every waiter
                 for _, _, future in batch:
                     if not future.done():

@@ -36,6 +36,7 @@ log = logging.getLogger("effectmq.worker")
 UNKNOWN_TASK_LABEL = "<unknown>"
 WORKER_BEAT_INTERVAL = 2.0  # seconds between announcements of this worker's load
 BACKOFF_FIRST, BACKOFF_LIMIT = 0.1, 5.0  # seconds: a failing loop's first and longest wait
+STARTUP_PING_TIMEOUT = 5.0  # seconds: a connection that accepts but never answers is retried
 HELPER_STOP_TIMEOUT = 2.0  # seconds the helper loops get to end once the drain is over
 
 
@@ -187,9 +188,13 @@ class Worker:
         backoff = BACKOFF_FIRST
         while not self._stopping.is_set():
             try:
-                await self.queue.ping()
+                await asyncio.wait_for(self.queue.ping(), STARTUP_PING_TIMEOUT)
                 self._ready.set(1)
                 return True
+            except asyncio.TimeoutError:
+                self._ready.set(0)
+                log.warning("worker %s: Redis did not answer within %.0fs, retrying in %.1fs",
+                            self.name, STARTUP_PING_TIMEOUT, backoff)
             except RedisUnavailable as exc:
                 self._ready.set(0)
                 if not exc.retryable:
@@ -397,8 +402,9 @@ class Worker:
         Returns the true outcome, for metrics and logs."""
         backoff = 0.05
         while True:
-            try:
-                result = await call(*args, **kwargs)
+            try:  # a hung connection must not hold an acknowledgement past the lease
+                left = max(0.01, lease.confirmed_until - time.monotonic())
+                result = await asyncio.wait_for(call(*args, **kwargs), left)
                 if operation == "fail":
                     return "retry" if result else "failed"
                 return "completed" if operation == "complete" else "released"
@@ -409,9 +415,10 @@ class Worker:
             except LeaseLost:
                 log.warning("task %s: %s rejected, lease lost (another attempt owns it now)", lease.task_id, operation)
                 return "lease_lost"
-            except RedisUnavailable as exc:
+            except (RedisUnavailable, asyncio.TimeoutError) as exc:
                 if time.monotonic() + backoff >= lease.confirmed_until:
-                    log.error("task %s: %s not confirmed before the lease ran out: %s", lease.task_id, operation, exc)
+                    log.error("task %s: %s not confirmed before the lease ran out: %s", lease.task_id, operation,
+                              str(exc) or "no reply in time")
                     return "lease_lost"
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)

@@ -15,8 +15,8 @@ Every script receives the same queue-level KEYS (all share the queue's hash tag)
   KEYS[11] seq         counter for FIFO order and lease tokens
   KEYS[12] ready_since zset of waiting ids, score = time it became ready (oldest-waiting age)
   KEYS[13] workers     hash of live worker processes: name -> "in_flight concurrency expires_ms"
-  KEYS[14] settled     zset of settlements whose record is gone: outcome..":"..token, score = expiry
-                       (a resent acknowledgement still learns how its attempt settled)
+  KEYS[14] settled     zset of settlements whose record is gone while a resend may still come:
+                       outcome..":"..token, score = the lease deadline plus a slack
 Task keys are derived from KEYS[1] and therefore hash to the same slot.
 All times come from Redis TIME, in milliseconds.
 ]]
@@ -27,7 +27,9 @@ local K_DEDUP, K_META, K_EVENTS, K_SEQ, K_READY_SINCE = KEYS[8], KEYS[9], KEYS[1
 local K_WORKERS, K_SETTLED = KEYS[13], KEYS[14]
 -- How an attempt settled (protocol.Outcome); 0 = not settled by that token (lease lost).
 local OUTCOME_COMPLETED, OUTCOME_RETRY, OUTCOME_FAILED, OUTCOME_RELEASED = 1, 2, 3, 4
-local SETTLED_KEEP_MS = 600000  -- how long a deleted record's outcome is remembered
+-- A worker resends an acknowledgement only while its lease may still be valid, so the
+-- outcome of a deleted record is remembered until the lease's deadline, plus this slack.
+local SETTLED_SLACK_MS = 5000
 local PRIORITY_SPAN = 1099511627776 -- 2^40 sequence numbers per priority band
 
 local function now_ms()
@@ -87,13 +89,14 @@ end
 -- Drop a task record; an explicit id stays reserved in the dedup index, and the last
 -- settlement's outcome stays known to a resent acknowledgement for a while.
 local function forget(id, key, now)
-  local f = redis.call('HMGET', key, 'explicit_id', 'last_token', 'last_outcome')
+  local f = redis.call('HMGET', key, 'explicit_id', 'last_token', 'last_outcome', 'lock_until')
   if f[1] == '1' then
     local window = meta_num('dedup_window_ms', 604800000)  -- DEFAULT_DEDUP_WINDOW in queue.py
     redis.call('ZADD', K_DEDUP, now + window, id)
   end
-  if f[2] and f[2] ~= '' and f[3] then
-    redis.call('ZADD', K_SETTLED, now + SETTLED_KEEP_MS, f[3] .. ':' .. f[2])
+  local resend_until = (tonumber(f[4]) or 0) + SETTLED_SLACK_MS
+  if f[2] and f[2] ~= '' and f[3] and resend_until > now then  -- a resend may still come
+    redis.call('ZADD', K_SETTLED, resend_until, f[3] .. ':' .. f[2])
   end
   redis.call('DEL', key)
 end

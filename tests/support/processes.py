@@ -25,7 +25,7 @@ def stop_process(proc: subprocess.Popen, timeout: float = 20.0, sig: int | None 
 
 class WorkerProcess:
     def __init__(self, redis_url: str, queue: str, tmp: Path, *, args: list[str] = (), env: dict | None = None,
-                 prefix: list[str] = (), name: str = "worker"):
+                 prefix: list[str] = (), name: str = "worker", handlers: str = "tests.support.handlers:app"):
         self.log_path = tmp / f"{name}-{time.monotonic_ns()}.log"
         self.effects = tmp / "effects.log"
         full_env = {
@@ -37,7 +37,7 @@ class WorkerProcess:
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
         }
-        cmd = [*prefix, sys.executable, "-m", "effectmq", "worker", "tests.support.handlers:app", *args]
+        cmd = [*prefix, sys.executable, "-m", "effectmq", "worker", handlers, *args]
         self.proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT, stdout=open(self.log_path, "ab"),
                                      stderr=subprocess.STDOUT)
 

@@ -1,0 +1,83 @@
+"""Bounded calls and bounded shutdown (issue 12, must-show 2 and 8)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sys
+import subprocess
+import time
+
+import pytest
+
+import effectmq
+from tests.support.inprocess import make_worker
+
+pytestmark = pytest.mark.slow
+
+PINGER = """
+import select, sys, time
+import redis
+client, worst, count = redis.Redis(port=int(sys.argv[1])), 0.0, 0
+while not select.select([sys.stdin], [], [], 0.005)[0]:
+    start = time.perf_counter()
+    client.ping()
+    worst, count = max(worst, time.perf_counter() - start), count + 1
+print(count, worst)
+"""
+
+
+async def test_offer_many_of_500k_tasks_never_blocks_redis(make_redis):
+    server = make_redis()
+    admin = server.client()
+    admin.config_set("slowlog-log-slower-than", 50_000)  # microseconds: log every call over 50 ms
+    admin.slowlog_reset()
+    # Another client, in its own process (no GIL shared with the producer): what everyone else sees.
+    pinger = subprocess.Popen([sys.executable, "-c", PINGER, str(server.port)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    q = effectmq.TaskQueue("bulk", url=server.url)
+    n = 500_000
+    offered = await q.offer_many(("bulk", {"i": i}) for i in range(n))
+    out, _ = pinger.communicate("stop\n", timeout=30)
+    count, worst = out.split()
+    stats = await q.stats()
+    await q.close()
+    assert len(offered) == n and all(o.created for o in offered) and stats.waiting == n
+    slow = [(entry["duration"], entry["command"][:40]) for entry in admin.slowlog_get(128)]
+    assert slow == [], f"calls over 50 ms: {slow}"
+    assert int(count) > 100 and float(worst) < 0.1, f"{count} PINGs, the slowest took {float(worst) * 1000:.0f} ms"
+
+
+async def test_stop_returns_within_the_drain_timeout_when_caught_mid_call(make_queue):
+    """1,000 stop() calls landing at random points of a worker's Redis calls
+    (acquire, maintenance, heartbeat, announce): every run() returns in time."""
+    seed = int(os.environ.get("EFFECTMQ_STOP_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    q = make_queue("stops", lock_timeout=2)
+
+    async def quick(payload):
+        await asyncio.sleep(rng.uniform(0, 0.002))
+
+    drain_timeout = 1.0
+    late: list[float] = []
+
+    async def trial() -> None:
+        worker = make_worker(q, {"quick": quick}, concurrency=2, drain_timeout=drain_timeout,
+                             maintenance_interval=0.002, idle_poll=0.005)
+        run = asyncio.create_task(worker.run())
+        await asyncio.sleep(rng.uniform(0.0, 0.03))
+        worker.stop()
+        start = time.monotonic()
+        done, _ = await asyncio.wait([run], timeout=drain_timeout)
+        took = time.monotonic() - start
+        if not done:
+            late.append(took)
+            await asyncio.wait([run], timeout=10)
+        elif run.exception() is not None:
+            raise run.exception()
+
+    for _round in range(50):
+        await q.offer_many(("quick", i) for i in range(40))
+        await asyncio.gather(*(trial() for _ in range(20)))
+    assert late == [], f"seed {seed}: {len(late)} of 1000 stops overran {drain_timeout}s (Python {sys.version})"
