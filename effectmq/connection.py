@@ -133,9 +133,9 @@ class RedisErrors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type | None, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: Any) -> None:
         if not isinstance(exc, redis_errors.RedisError):
-            return False
+            return
         reply = classify_reply(exc)
         text = scrub(str(exc), *self.secrets) or reply.code
         cause = exc if text == str(exc) else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 from . import codec
 from .errors import CorruptValue, ErrorInfo
@@ -85,7 +85,7 @@ def parse_task(task_id: str, fields: "RawFields | dict[str, str]") -> TaskInfo:
     """Build a TaskInfo from a task hash; corrupt JSON or bytes are reported, not raised."""
     problems: list[str] = []
     raw = fields.undecodable if isinstance(fields, RawFields) else {}
-    h = fields.values if isinstance(fields, RawFields) else fields
+    h: Mapping[str, Any] = fields.values if isinstance(fields, RawFields) else fields
 
     def decode(name: str) -> Any:
         if name in raw:

@@ -4,25 +4,26 @@
     q.offer("send_email", {"to": "a@example.com"})
 
 The engine runs on a private event loop in a daemon thread; every method blocks
-until the matching `TaskQueue` coroutine finished, and raises what it raises.
+until the matching `TaskQueue` coroutine finished, and raises what it raises. The
+signatures are the TaskQueue's own (documented there), so editors and type checkers
+see them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from typing import Any, Coroutine, Iterable, TypeVar
 
+from .models import MaintenanceReport, Offered, QueueStats, TaskInfo
 from .queue import TaskQueue
 
-_DELEGATED = (
-    "offer", "offer_many", "get", "wait", "cancel", "retry", "pause", "resume", "stats",
-    "configure", "settings", "maintain", "dead_letters", "list_tasks", "ping",
-)
+T = TypeVar("T")
 
 
 class SyncTaskQueue:
     def __init__(self, name: str, **options: Any):
+        """The options are TaskQueue's (url, redis, prefix, lock_timeout, ...)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"effectmq-sync-{name}", daemon=True)
         self._thread.start()
@@ -33,20 +34,57 @@ class SyncTaskQueue:
     async def _create(name: str, options: dict) -> TaskQueue:
         return TaskQueue(name, **options)
 
-    def _run(self, coro) -> Any:
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def __getattr__(self, attr: str) -> Any:
-        if attr not in _DELEGATED:
-            raise AttributeError(attr)
-        method = getattr(self._queue, attr)
+    def offer(self, task_name: str, payload: Any = None, *, task_id: str | None = None, delay: float | None = None,
+              priority: int = 0, max_retries: int | None = None, max_stalled_count: int | None = None,
+              retry: Any = None, timeout: float | None = None) -> Offered:
+        return self._run(self._queue.offer(task_name, payload, task_id=task_id, delay=delay, priority=priority,
+                                           max_retries=max_retries, max_stalled_count=max_stalled_count,
+                                           retry=retry, timeout=timeout))
 
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return self._run(method(*args, **kwargs))
+    def offer_many(self, tasks: Iterable[Any]) -> list[Offered]:
+        return self._run(self._queue.offer_many(list(tasks)))
 
-        call.__doc__ = method.__doc__
-        call.__name__ = attr
-        return call
+    def get(self, task_id: str) -> TaskInfo | None:
+        return self._run(self._queue.get(task_id))
+
+    def wait(self, task_id: str, *, timeout: float | None = None) -> Any:
+        return self._run(self._queue.wait(task_id, timeout=timeout))
+
+    def cancel(self, task_id: str) -> str | None:
+        return self._run(self._queue.cancel(task_id))
+
+    def retry(self, task_id: str) -> str | None:
+        return self._run(self._queue.retry(task_id))
+
+    def pause(self) -> None:
+        self._run(self._queue.pause())
+
+    def resume(self) -> None:
+        self._run(self._queue.resume())
+
+    def stats(self) -> QueueStats:
+        return self._run(self._queue.stats())
+
+    def configure(self, **settings: Any) -> None:
+        self._run(self._queue.configure(**settings))
+
+    def settings(self) -> dict[str, Any]:
+        return self._run(self._queue.settings())
+
+    def maintain(self, *, batch: int = 100) -> MaintenanceReport:
+        return self._run(self._queue.maintain(batch=batch))
+
+    def list_tasks(self, state: str, *, limit: int = 100, offset: int = 0) -> list[TaskInfo]:
+        return self._run(self._queue.list_tasks(state, limit=limit, offset=offset))
+
+    def dead_letters(self, *, limit: int = 100, offset: int = 0) -> list[TaskInfo]:
+        return self._run(self._queue.dead_letters(limit=limit, offset=offset))
+
+    def ping(self) -> None:
+        self._run(self._queue.ping())
 
     def close(self) -> None:
         if self._loop.is_running():

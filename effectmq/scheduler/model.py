@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 from .. import codec
 from ..errors import EffectMQError
@@ -160,6 +160,10 @@ class ScheduleSpec:
 _FIELDS = tuple(f.name for f in fields(ScheduleSpec) if f.init)
 
 
+@overload
+def utc_from_ms(ms: int) -> datetime: ...
+@overload
+def utc_from_ms(ms: None) -> None: ...
 def utc_from_ms(ms: int | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, timezone.utc)
 

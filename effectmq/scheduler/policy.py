@@ -109,8 +109,9 @@ def plan(tl: Timeline, cursor_ms: int, now_ms: int, policy: MissedPolicy, *,
     if n_missed and policy.mode == SKIP:
         skipped += n_missed
     elif n_missed and policy.mode == COALESCE:
-        last = tl.latest_at_or_before(missed_hi)
-        missed = [PlannedTick(last, Span(tl.next_after(floor), last, n_missed))]
+        first, last = tl.next_after(floor), tl.latest_at_or_before(missed_hi)
+        assert first is not None and last is not None  # n_missed > 0 ticks lie between them
+        missed = [PlannedTick(last, Span(first, last, n_missed))]
         coalesced = n_missed - 1
     elif n_missed:
         kept = _latest_n(tl, tl.latest_at_or_before(missed_hi), floor, policy.max_backfill)

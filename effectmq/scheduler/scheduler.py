@@ -42,6 +42,10 @@ BeforeOffer = Callable[[str, list[str]], Awaitable[None]]
 AfterOffer = Callable[[str, list[Offered]], Awaitable[None]]
 
 
+# (an alias: inside Scheduler, "list" names its method)
+Decisions = list["_Decision"]
+Offers = list[Offered]
+
 class Scheduler(OwnsConnection):
     """Schedules of one namespace and the passes that materialize their ticks.
 
@@ -186,7 +190,7 @@ class Scheduler(OwnsConnection):
             if isinstance(answer, BaseException):
                 raise answer  # a bug or a hook's fault: no cursor moves; the offers were idempotent
         for (group, _sent), failed in zip(offers, answers):
-            if failed is None:
+            if not isinstance(failed, dict):  # None (BaseExceptions were raised above)
                 report.more = True  # decided too long ago to offer: left due, decided again
                 continue
             for d in group:
@@ -202,7 +206,7 @@ class Scheduler(OwnsConnection):
             if result == APPLIED:
                 _earliest(report, outcome.score)
 
-    async def _offer(self, queue_name: str, group: list["_Decision"], decided_at: float,
+    async def _offer(self, queue_name: str, group: Decisions, decided_at: float,
                      report: TickReport) -> dict[str, str] | None:
         """Offer a queue's ticks in one round trip, isolating schedules whose offer is
         refused. Returns schedule id -> error for those not offered, or None when the
@@ -227,7 +231,7 @@ class Scheduler(OwnsConnection):
                 failed[d.row.id] = f"offer to queue {queue_name!r} refused: {exc}"
         return failed
 
-    async def _offer_items(self, queue: TaskQueue, group: list["_Decision"], decided_at: float) -> list[Offered]:
+    async def _offer_items(self, queue: TaskQueue, group: Decisions, decided_at: float) -> Offers:
         items = [item for d in group for item in d.items]
         if not items:
             return []
@@ -241,7 +245,7 @@ class Scheduler(OwnsConnection):
         return offered
 
     @staticmethod
-    def _record(queue: str, group: list["_Decision"], offered: list[Offered], report: TickReport) -> None:
+    def _record(queue: str, group: Decisions, offered: Offers, report: TickReport) -> None:
         planned = [(d.spec.id, tick) for d in group for tick in d.plan.ticks]
         for (schedule_id, tick), result in zip(planned, offered):
             report.materialized.append(
@@ -310,7 +314,7 @@ class _Decider:
             spec = self.scheduler._spec(row)
             if row.cursor_ms is None and not isinstance(spec, InvalidSchedule):
                 spec = InvalidSchedule(f"schedule {row.id!r}: stored cursor is not a number of milliseconds")
-            if isinstance(spec, InvalidSchedule):
+            if isinstance(spec, InvalidSchedule) or row.cursor_ms is None:
                 self.settled.append(self.scheduler._failure(row, str(spec), self.now, self.report))
                 continue
             if spec.suspend:  # a suspended schedule has no business in the due set

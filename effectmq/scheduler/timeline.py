@@ -39,7 +39,8 @@ def load_zone(name: str) -> ZoneInfo:
 
 
 def _offset(zone: ZoneInfo, t: int) -> int:
-    return int(datetime.fromtimestamp(t, zone).utcoffset().total_seconds())
+    offset = datetime.fromtimestamp(t, zone).utcoffset()
+    return int(offset.total_seconds()) if offset is not None else 0
 
 
 @lru_cache(maxsize=1024)

@@ -221,3 +221,14 @@ def test_sync_facade_for_producers(redis_url):
             q.wait("s1", timeout=0.05)
         with pytest.raises(effectmq.InvalidPayload):
             q.offer("x", {1, 2})
+
+
+def test_sync_facade_has_the_task_queues_signatures():
+    """Every producer method of the sync facade takes exactly what TaskQueue's does."""
+    import inspect
+
+    for name in ("offer", "offer_many", "get", "wait", "cancel", "retry", "pause", "resume", "stats",
+                 "configure", "settings", "maintain", "list_tasks", "dead_letters", "ping"):
+        sync = inspect.signature(getattr(effectmq.SyncTaskQueue, name))
+        native = inspect.signature(getattr(effectmq.TaskQueue, name))
+        assert list(sync.parameters.items()) == list(native.parameters.items()), name
