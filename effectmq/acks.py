@@ -12,14 +12,14 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .queue import Lease, TaskQueue
+    from .engine import Lease, LeaseEngine
 
 MAX_BATCH = 256
 
 
 class CompletionBatcher:
-    def __init__(self, queue: "TaskQueue"):
-        self.queue = queue
+    def __init__(self, engine: "LeaseEngine"):
+        self.engine = engine
         self._pending: list[tuple["Lease", str, asyncio.Future]] = []
         self._flusher: asyncio.Task | None = None
 
@@ -39,7 +39,7 @@ class CompletionBatcher:
             # later completion (the waiters resend, with the same tokens, while they may).
             left = max(0.01, min(lease.confirmed_until for lease, _, _ in batch) - time.monotonic())
             try:
-                call = self.queue.complete_many([(lease, result) for lease, result, _ in batch])
+                call = self.engine.complete_many([(lease, result) for lease, result, _ in batch])
                 codes = await asyncio.wait_for(call, left)
             except BaseException as exc:  # noqa: BLE001 - handed to every waiter
                 for _, _, future in batch:

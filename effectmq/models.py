@@ -146,14 +146,6 @@ class QueueStats:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def parse_stats(queue: str, reply: list) -> QueueStats:
-    now, waiting, delayed, active, completed, failed, canceled, oldest, paused, max_active = map(int, reply)
-    return QueueStats(
-        queue, waiting, delayed, active, completed, failed, canceled,
-        max(0.0, (now - oldest) / 1000) if oldest >= 0 else 0.0, bool(paused), max_active,
-    )
-
-
 @dataclass(frozen=True)
 class MaintenanceReport:
     recovered: int  # expired leases handed back to waiting (one stall counted each)
@@ -169,8 +161,3 @@ class MaintenanceReport:
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
-def parse_maintenance(reply: list) -> MaintenanceReport:
-    r = [int(x) for x in reply]
-    return MaintenanceReport(r[0], r[1], r[2], r[3], r[4], bool(r[5]))

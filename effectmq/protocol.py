@@ -1,12 +1,21 @@
-"""What travels between Python and the Lua scripts besides the arguments themselves:
-the bounds every call respects, the named outcome codes, and the per-field decoding of
-raw replies (a value that is not UTF-8 spoils its own task, never the batch)."""
+"""The wire protocol between Python and the Lua scripts in ``lua/``.
+
+One dataclass per script's arguments (`.argv()` gives its ARGV in the order of the
+script's header) and one per reply (`.parse(reply)`); repeated records are NamedTuples
+whose fields are their values, so record sizes follow from the fields. Also here: the
+bounds every call respects, the named outcome codes, the queue settings' defaults
+(written into every script as the Lua table DEFAULTS) and the per-field decoding of
+raw replies (a value that is not UTF-8 spoils its own task, never the batch).
+tests/runtime/test_protocol.py holds the script headers against these classes.
+"""
 
 from __future__ import annotations
 
 import base64
+import itertools
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, StrEnum
+from typing import Any, ClassVar, Generic, NamedTuple, Sequence, TypeVar
 
 # One offer script call handles at most this many tasks (Redis runs a script alone:
 # a bounded call keeps every other client's latency bounded too).
@@ -32,6 +41,34 @@ class Outcome(IntEnum):
         return self.name.lower()
 
 
+class AcquireStatus(StrEnum):
+    """Why acquire leased what it did (acquire.lua)."""
+
+    OK = "ok"
+    PAUSED = "paused"
+    LIMITED = "limited"  # max_active reached
+
+
+# Queue settings' values when the meta hash has none. scripts.py writes them into every
+# script as the Lua table DEFAULTS (every script emits events, most may forget a record),
+# so Python is their one source; per-call defaults travel in each script's ARGV instead.
+SETTING_DEFAULTS = {"paused": 0, "max_active": 0, "dedup_window_ms": 604_800_000, "events_maxlen": 10_000}
+
+
+def lua_defaults() -> str:
+    entries = ", ".join(f"{name} = {int(value)}" for name, value in SETTING_DEFAULTS.items())
+    return f"local DEFAULTS = {{{entries}}}\n"
+
+
+def ms(seconds: float) -> int:
+    return int(round(seconds * 1000))
+
+
+def retention_ms(seconds: float | None) -> int:
+    """Retention in ms for the scripts; None or a negative value keeps records forever."""
+    return -1 if seconds is None or seconds < 0 else ms(seconds)
+
+
 # The values of one lease in the acquire reply, in order (acquire.lua).
 LEASE_FIELDS = ("id", "token", "attempt", "name", "payload", "handler_failure_count",
                 "stalled_attempt_count", "max_retries", "options", "priority")
@@ -42,7 +79,7 @@ LEASE_WIDTH = len(LEASE_FIELDS)
 class RawFields:
     """Fields of a reply decoded one by one; `undecodable` keeps the bytes of the others."""
 
-    values: dict[str, str | int | None]
+    values: dict[str, Any]  # str (or int for integer replies, None when absent)
     undecodable: dict[str, bytes] = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -83,3 +120,378 @@ def wire(text: str) -> bytes | str:
         return text
     except UnicodeEncodeError:
         return text.encode(errors="surrogateescape")
+
+
+# -- repeated records: a NamedTuple's values are the record's ARGV values, in order --------
+
+class OfferTask(NamedTuple):
+    id: str | bytes
+    explicit_id: int  # 1 | 0
+    name: str
+    payload: str  # JSON
+    delay_ms: int
+    priority: int
+    max_retries: int  # -1 = the queue's value
+    max_stalled_count: int  # -1 = the queue's value
+    options: str  # JSON object, or ''
+
+
+class LeaseRef(NamedTuple):
+    id: str | bytes
+    token: str
+
+
+class Completion(NamedTuple):
+    id: str | bytes
+    token: str
+    result: str  # JSON
+
+
+class Setting(NamedTuple):
+    field: str
+    value: str  # '' removes the field
+
+
+class WorkerLoad(NamedTuple):
+    name: str
+    in_flight: int
+    concurrency: int
+
+
+OFFER_WIDTH = len(OfferTask._fields)
+WORKER_WIDTH = len(WorkerLoad._fields)
+
+R = TypeVar("R")
+
+
+class ScriptArgs(Generic[R]):
+    """The arguments of one script call: `argv()` for the call, `parse()` for its reply."""
+
+    operation: ClassVar[str]
+    Reply: ClassVar[Any]  # the reply dataclass, with a `from_reply` classmethod
+    raw: ClassVar[bool] = False  # strings in the reply stay bytes (decoded per field)
+
+    def argv(self) -> list:
+        raise NotImplementedError
+
+    def parse(self, reply: Any) -> R:
+        return self.Reply.from_reply(reply)
+
+
+def _flat(records: Sequence[tuple]) -> list:
+    return list(itertools.chain.from_iterable(records))
+
+
+# -- replies -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OfferReply:
+    created: list[bool]  # per task; False: the id was known (idempotent re-offer)
+
+    @classmethod
+    def from_reply(cls, reply: list) -> "OfferReply":
+        return cls([bool(c) for c in reply])
+
+
+@dataclass(frozen=True)
+class AcquireReply:
+    now: int
+    deadline: int
+    next_due: int  # -1 = no delayed task
+    status: AcquireStatus
+    leases: list[RawFields]
+
+    @classmethod
+    def from_reply(cls, reply: list) -> "AcquireReply":
+        status = reply[3].decode() if isinstance(reply[3], bytes) else reply[3]
+        leases = [decode_fields(LEASE_FIELDS, reply[i:i + LEASE_WIDTH]) for i in range(4, len(reply), LEASE_WIDTH)]
+        return cls(int(reply[0]), int(reply[1]), int(reply[2]), AcquireStatus(status), leases)
+
+    @property
+    def granted(self) -> float:
+        """The lease length the server granted, in seconds (queue settings win)."""
+        return (self.deadline - self.now) / 1000
+
+    @property
+    def next_due_in(self) -> float | None:
+        return max(0.0, (self.next_due - self.now) / 1000) if self.next_due >= 0 else None
+
+
+@dataclass(frozen=True)
+class RenewReply:
+    now: int
+    deadline: int
+    owned: list[bool]  # per lease
+
+    @classmethod
+    def from_reply(cls, reply: list) -> "RenewReply":
+        return cls(int(reply[0]), int(reply[1]), [bool(ok) for ok in reply[2:]])
+
+    @property
+    def granted(self) -> float:
+        return (self.deadline - self.now) / 1000
+
+
+@dataclass(frozen=True)
+class CompleteReply:
+    outcomes: list[Outcome]  # per completion
+
+    @classmethod
+    def from_reply(cls, reply: list) -> "CompleteReply":
+        return cls([Outcome(int(code)) for code in reply])
+
+
+@dataclass(frozen=True)
+class FailReply:
+    outcome: Outcome
+    handler_failure_count: int  # -1 for a resent acknowledgement
+    retry_at: int  # ms, -1 = no retry
+
+    @classmethod
+    def from_reply(cls, reply: list) -> "FailReply":
+        return cls(Outcome(int(reply[0])), int(reply[1]), int(reply[2]))
+
+
+@dataclass(frozen=True)
+class OutcomeReply:
+    outcome: Outcome
+
+    @classmethod
+    def from_reply(cls, reply: int) -> "OutcomeReply":
+        return cls(Outcome(int(reply)))
+
+
+@dataclass(frozen=True)
+class StoredReply:
+    stored: bool  # False: lease lost
+
+    @classmethod
+    def from_reply(cls, reply: int) -> "StoredReply":
+        return cls(bool(reply))
+
+
+@dataclass(frozen=True)
+class PreviousStateReply:
+    previous_state: str | None  # None: no such task
+
+    @classmethod
+    def from_reply(cls, reply: str) -> "PreviousStateReply":
+        return cls(reply or None)
+
+
+@dataclass(frozen=True)
+class MaintainReply:
+    recovered: int
+    stalled_failed: int
+    promoted: int
+    expired_records: int
+    expired_reservations: int  # also counts remembered settlements that ended
+    more: bool  # a sweep was cut short by its batch
+
+    @classmethod
+    def from_reply(cls, reply: list) -> "MaintainReply":
+        r = [int(x) for x in reply]
+        return cls(r[0], r[1], r[2], r[3], r[4], bool(r[5]))
+
+
+@dataclass(frozen=True)
+class StatsReply:
+    now: int
+    waiting: int
+    delayed: int
+    active: int
+    completed: int
+    failed: int
+    canceled: int
+    oldest_ready_at: int  # ms, -1 = nothing waiting
+    paused: bool
+    max_active: int
+
+    @classmethod
+    def from_reply(cls, reply: list) -> "StatsReply":
+        r = [int(x) for x in reply]
+        return cls(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8]), r[9])
+
+
+@dataclass(frozen=True)
+class ConfigureReply:
+    written: int
+
+    @classmethod
+    def from_reply(cls, reply: int) -> "ConfigureReply":
+        return cls(int(reply))
+
+
+@dataclass(frozen=True)
+class WorkersReply:
+    workers: list[WorkerLoad]
+
+    @classmethod
+    def from_reply(cls, reply: list) -> "WorkersReply":
+        return cls([WorkerLoad(reply[i], int(reply[i + 1]), int(reply[i + 2]))
+                    for i in range(0, len(reply), WORKER_WIDTH)])
+
+
+# -- arguments -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OfferArgs(ScriptArgs[OfferReply]):
+    operation = "offer"
+    Reply = OfferReply
+    count: int = field(init=False)
+    tasks: Sequence[OfferTask]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "count", len(self.tasks))
+
+    def argv(self) -> list:
+        return [self.count, *_flat(self.tasks)]
+
+
+@dataclass(frozen=True)
+class AcquireArgs(ScriptArgs[AcquireReply]):
+    operation = "acquire"
+    Reply = AcquireReply
+    raw = True  # payloads are decoded per lease
+    count: int
+    lock_timeout_ms: int
+    token_prefix: str
+    promote_batch: int
+
+    def argv(self) -> list:
+        return [self.count, self.lock_timeout_ms, self.token_prefix, self.promote_batch]
+
+
+@dataclass(frozen=True)
+class RenewArgs(ScriptArgs[RenewReply]):
+    operation = "renew"
+    Reply = RenewReply
+    lock_timeout_ms: int
+    leases: Sequence[LeaseRef]
+
+    def argv(self) -> list:
+        return [self.lock_timeout_ms, *_flat(self.leases)]
+
+
+@dataclass(frozen=True)
+class CompleteArgs(ScriptArgs[CompleteReply]):
+    operation = "complete"
+    Reply = CompleteReply
+    retention_ms: int
+    completions: Sequence[Completion]
+
+    def argv(self) -> list:
+        return [self.retention_ms, *_flat(self.completions)]
+
+
+@dataclass(frozen=True)
+class FailArgs(ScriptArgs[FailReply]):
+    operation = "fail"
+    Reply = FailReply
+    id: str | bytes
+    token: str
+    error: str  # JSON
+    retry_delay_ms: int  # -1 = not retryable
+    max_retries: int
+    retention_ms: int
+
+    def argv(self) -> list:
+        return [self.id, self.token, self.error, self.retry_delay_ms, self.max_retries, self.retention_ms]
+
+
+@dataclass(frozen=True)
+class ReleaseArgs(ScriptArgs[OutcomeReply]):
+    operation = "release"
+    Reply = OutcomeReply
+    id: str | bytes
+    token: str
+    delay_ms: int
+
+    def argv(self) -> list:
+        return [self.id, self.token, self.delay_ms]
+
+
+@dataclass(frozen=True)
+class ProgressArgs(ScriptArgs[StoredReply]):
+    operation = "progress"
+    Reply = StoredReply
+    id: str | bytes
+    token: str
+    progress: str  # JSON
+
+    def argv(self) -> list:
+        return [self.id, self.token, self.progress]
+
+
+@dataclass(frozen=True)
+class CancelArgs(ScriptArgs[PreviousStateReply]):
+    operation = "cancel"
+    Reply = PreviousStateReply
+    id: str
+    error: str  # JSON
+    retention_ms: int
+
+    def argv(self) -> list:
+        return [self.id, self.error, self.retention_ms]
+
+
+@dataclass(frozen=True)
+class RetryArgs(ScriptArgs[PreviousStateReply]):
+    operation = "retry"
+    Reply = PreviousStateReply
+    id: str
+
+    def argv(self) -> list:
+        return [self.id]
+
+
+@dataclass(frozen=True)
+class MaintainArgs(ScriptArgs[MaintainReply]):
+    operation = "maintain"
+    Reply = MaintainReply
+    batch: int
+    max_stalled_count: int
+    stalled_error: str  # JSON
+    retention_ms: int
+
+    def argv(self) -> list:
+        return [self.batch, self.max_stalled_count, self.stalled_error, self.retention_ms]
+
+
+@dataclass(frozen=True)
+class StatsArgs(ScriptArgs[StatsReply]):
+    operation = "stats"
+    Reply = StatsReply
+
+    def argv(self) -> list:
+        return []
+
+
+@dataclass(frozen=True)
+class ConfigureArgs(ScriptArgs[ConfigureReply]):
+    operation = "configure"
+    Reply = ConfigureReply
+    settings: Sequence[Setting]
+
+    def argv(self) -> list:
+        return _flat(self.settings)
+
+
+@dataclass(frozen=True)
+class WorkersArgs(ScriptArgs[WorkersReply]):
+    operation = "workers"
+    Reply = WorkersReply
+    name: str  # '' = only list
+    in_flight: int  # -1 = the worker is leaving
+    concurrency: int
+    ttl_ms: int
+
+    def argv(self) -> list:
+        return [self.name, self.in_flight, self.concurrency, self.ttl_ms]
+
+
+# Every script, by operation (its file is lua/<operation>.lua).
+SCRIPTS: dict[str, type[ScriptArgs]] = {cls.operation: cls for cls in (
+    OfferArgs, AcquireArgs, RenewArgs, CompleteArgs, FailArgs, ReleaseArgs, ProgressArgs,
+    CancelArgs, RetryArgs, MaintainArgs, StatsArgs, ConfigureArgs, WorkersArgs,
+)}

@@ -1,8 +1,9 @@
 """The Lua scripts of the storage protocol, one per atomic operation, and their runner.
 
-Each script in ``lua/`` is prefixed with ``lua/lib.lua`` and called by SHA
-(EVALSHA); when Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH) the
-runner loads it and sends the call again.
+Each script in ``lua/`` is prefixed with the queue settings' defaults (from
+`protocol.SETTING_DEFAULTS`) and ``lua/lib.lua`` and called by SHA (EVALSHA); when
+Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH) the runner loads it and
+sends the call again. Calls take and give the typed records of `protocol`.
 """
 
 from __future__ import annotations
@@ -10,22 +11,21 @@ from __future__ import annotations
 import hashlib
 from functools import cache
 from importlib import resources
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import redis
 import redis.exceptions as redis_errors
 
-from .connection import TRANSPORT_ERRORS
+from .connection import TRANSPORT_ERRORS, RedisErrors
+from .protocol import SCRIPTS, ScriptArgs, lua_defaults
 
+_pack: Callable[..., bytes] | None
 try:  # hiredis packs commands in C; redis-py's own packer is the fallback
     from hiredis import pack_command as _pack
 except ImportError:  # pragma: no cover - hiredis is a declared dependency
     _pack = None
 
-OPERATIONS = (
-    "offer", "acquire", "renew", "complete", "fail", "release", "progress",
-    "cancel", "retry", "maintain", "stats", "configure", "workers",
-)
+OPERATIONS = tuple(SCRIPTS)
 # Safe to send again after a lost connection: each is idempotent for the same
 # arguments (explicit or pre-generated task ids, lease tokens). acquire is not:
 # a repeat could lease a second task nobody runs, so the worker retries it instead.
@@ -37,7 +37,7 @@ _CONNECTION_ARGS = () if tuple(map(int, redis.__version__.split(".")[:2])) >= (5
 @cache
 def source(operation: str) -> str:
     lua = resources.files(__package__) / "lua"
-    return (lua / "lib.lua").read_text() + "\n" + (lua / f"{operation}.lua").read_text()
+    return lua_defaults() + (lua / "lib.lua").read_text() + "\n" + (lua / f"{operation}.lua").read_text()
 
 
 @cache
@@ -45,16 +45,21 @@ def sha(operation: str) -> str:
     return hashlib.sha1(source(operation).encode()).hexdigest()
 
 
+R = TypeVar("R")
+
+
 class ScriptRunner:
     """Calls scripts over a redis-py asyncio pool with as little overhead as possible.
 
     The hot path packs EVALSHA once (keys pre-encoded) and talks to a pooled
     connection directly; a connection interrupted mid-call is discarded, never
-    reused with an unread reply.
+    reused with an unread reply. `run` and `run_many` are where redis-py's errors
+    become the project's (through `errors`).
     """
 
-    def __init__(self, client, keys: Sequence[str]):
+    def __init__(self, client, keys: Sequence[str], errors: RedisErrors):
         self.client = client
+        self.errors = errors
         self.pool = client.connection_pool
         self.keys = [k.encode() for k in keys]
         self.nkeys = len(self.keys)
@@ -82,6 +87,19 @@ class ScriptRunner:
             raise
         finally:
             await self.pool.release(conn)
+
+    async def run(self, args: ScriptArgs[R]) -> R:
+        """One typed script call; its reply parsed."""
+        with self.errors:
+            reply = await self(args.operation, args.argv(), raw=args.raw)
+        return args.parse(reply)
+
+    async def run_many(self, calls: Sequence[ScriptArgs[R]]) -> list[R]:
+        """Calls of one script in one round trip; their replies parsed."""
+        first = calls[0]
+        with self.errors:
+            replies = await self.many(first.operation, [args.argv() for args in calls], raw=first.raw)
+        return [args.parse(reply) for args, reply in zip(calls, replies)]
 
     async def __call__(self, operation: str, argv: Sequence[Any], *, raw: bool = False) -> Any:
         """One script call; with `raw`, strings in the reply stay bytes (decoded by the caller)."""

@@ -29,8 +29,9 @@ from .errors import (
     DEFECT, TIMEOUT, AlreadySettled, CorruptValue, ErrorInfo, InvalidOption, LeaseLost, RedisRefused,
     RedisUnavailable,
 )
+from .engine import Lease
 from .protocol import Outcome
-from .queue import Lease, TaskQueue
+from .queue import TaskQueue
 
 log = logging.getLogger("effectmq.worker")
 UNKNOWN_TASK_LABEL = "<unknown>"
@@ -128,7 +129,7 @@ class Worker:
         self._slot_free = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="effectmq-handler")
         self._q = self.queue.name
-        self._completions = CompletionBatcher(self.queue)
+        self._completions = CompletionBatcher(self.queue.engine)
         self._metrics = metrics.AttemptMetrics(self._q)
         self._ready = metrics.REDIS_READY.labels(self._q)
         self.processed = 0
@@ -479,7 +480,7 @@ class Worker:
         margin = min(heartbeat.safety_margin(a.lease.lock_timeout) for a in due)
         budget = max(0.01, min(a.lease.confirmed_until for a in due) - margin - now)
         try:
-            owned = await asyncio.wait_for(self.queue._renew([a.lease for a in due]), budget)
+            owned = await asyncio.wait_for(self.queue.engine.renew([a.lease for a in due]), budget)
         except (RedisUnavailable, asyncio.TimeoutError) as exc:
             self._loop_failed("heartbeat", exc)  # retried on the next tick, until the safety window closes
             return

@@ -1,9 +1,10 @@
 --[[ cancel: end a task that has not settled; an active attempt loses its lease.
 KEYS: the queue keys of lib.lua.
-ARGV[1] id  ARGV[2] error (JSON, tag ~effectmq/Error/Canceled)
-ARGV[3] retention_ms for canceled records (meta retention_failed_ms wins; -1 = keep)
-Returns: the state the task was in ("" when unknown); only waiting, delayed and
-active tasks are canceled.
+ARGV[1] id
+ARGV[2] error         JSON, tag ~effectmq/Error/Canceled
+ARGV[3] retention_ms  for canceled records (meta retention_failed_ms wins; -1 = keep)
+Returns: previous_state  the state the task was in ("" when unknown); only waiting,
+  delayed and active tasks are canceled.
 ]]
 local id = ARGV[1]
 local key = task_key(id)

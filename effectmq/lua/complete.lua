@@ -1,10 +1,11 @@
 --[[ complete: settle owned tasks as completed with their results (one or many per call).
 KEYS: the queue keys of lib.lua.
-ARGV[1] retention_ms for completed records (meta retention_completed_ms wins; -1 = keep)
-then triples: id, token, result (JSON)
-Returns: one outcome per task (protocol.Outcome): 1 = completed (now, or by this token
-before: a resent acknowledgement), 2/3/4 = this token settled otherwise before (retry,
-failed, released), 0 = lease lost (nothing changed).
+ARGV[1] retention_ms  for completed records (meta retention_completed_ms wins; -1 = keep)
+ARGV[2...] completions...: 3 values each: id, token, result
+  result: JSON
+Returns: {outcomes...}  one per completion (protocol.Outcome): 1 = completed (now, or by
+  this token before: a resent acknowledgement), 2/3/4 = this token settled otherwise
+  before (retry, failed, released), 0 = lease lost (nothing changed).
 ]]
 local now = now_ms()
 local retention = meta_num('retention_completed_ms', ARGV[1])

@@ -1,9 +1,11 @@
 --[[ configure: write queue-level settings that scripts and workers read at run time.
 KEYS: the queue keys of lib.lua.
-ARGV: pairs of field, value; an empty value removes the field (back to the default).
+ARGV[1...] settings...: 2 values each: field, value
+  an empty value removes the field (back to the default).
   Fields: paused, max_active, max_retries, max_stalled_count, lock_timeout_ms,
   retention_completed_ms, retention_failed_ms, dedup_window_ms, events_maxlen, retry.
-Returns: the number of fields written. Wakes idle workers (resume, a larger max_active).
+Returns: written  the number of fields written. Wakes idle workers (resume, a larger
+  max_active).
 ]]
 for i = 1, #ARGV, 2 do
   if ARGV[i + 1] == '' then

@@ -1,9 +1,11 @@
 --[[ fail: record a typed handler failure of an owned task; retry or fail for good.
 KEYS: the queue keys of lib.lua.
-ARGV[1] id  ARGV[2] token  ARGV[3] error (JSON object with at least "tag")
+ARGV[1] id
+ARGV[2] token
+ARGV[3] error           JSON object with at least "tag"
 ARGV[4] retry_delay_ms  delay before the next attempt; -1 = this failure is not retryable
-ARGV[5] default max_retries (task option, then meta max_retries, then this)
-ARGV[6] retention_ms for failed records (meta retention_failed_ms wins; -1 = keep)
+ARGV[5] max_retries     the default (task option, then meta max_retries, then this)
+ARGV[6] retention_ms    for failed records (meta retention_failed_ms wins; -1 = keep)
 Returns: {outcome, handler_failure_count, retry_at}
   outcome (protocol.Outcome): 2 = retry scheduled, 3 = failed for good, 0 = lease lost;
   a token that settled before (a resent acknowledgement) gets its outcome again, with

@@ -19,6 +19,20 @@ Every script receives the same queue-level KEYS (all share the queue's hash tag)
                        outcome..":"..token, score = the lease deadline plus a slack
 Task keys are derived from KEYS[1] and therefore hash to the same slot.
 All times come from Redis TIME, in milliseconds.
+
+DEFAULTS, the queue settings' values when the meta hash has none, is a table that
+scripts.py writes before this file from protocol.SETTING_DEFAULTS (Python is their one
+source); defaults that depend on the caller come in each script's ARGV.
+
+Each script's header lists its arguments and reply in this form, which
+tests/runtime/test_protocol.py holds against the dataclasses of protocol.py:
+  ARGV[n] name  notes                 one value
+  ARGV[n...] name...: k values each: a, b, c
+                                      records of k values from ARGV[n] to the end
+  Returns: name  notes                one value
+  Returns: {a, b, name...}            a table; name... stands for the values that follow
+  name...: k values each: a, b, c     ... when they are records of k values
+A list goes on to the next line after a trailing comma; other lines are notes.
 ]]
 local BASE = KEYS[1]
 local K_WAITING, K_DELAYED, K_ACTIVE = KEYS[2], KEYS[3], KEYS[4]
@@ -62,7 +76,7 @@ local function task_option(key, field, meta_field, fallback)
 end
 
 local function emit(event, id, ...)
-  local maxlen = meta_num('events_maxlen', 10000)
+  local maxlen = meta_num('events_maxlen', DEFAULTS.events_maxlen)
   if maxlen > 0 then
     redis.call('XADD', K_EVENTS, 'MAXLEN', '~', maxlen, '*', 'event', event, 'id', id, ...)
   end
@@ -91,7 +105,7 @@ end
 local function forget(id, key, now)
   local f = redis.call('HMGET', key, 'explicit_id', 'last_token', 'last_outcome', 'lock_until')
   if f[1] == '1' then
-    local window = meta_num('dedup_window_ms', 604800000)  -- DEFAULT_DEDUP_WINDOW in queue.py
+    local window = meta_num('dedup_window_ms', DEFAULTS.dedup_window_ms)
     redis.call('ZADD', K_DEDUP, now + window, id)
   end
   local resend_until = (tonumber(f[4]) or 0) + SETTLED_SLACK_MS
@@ -119,7 +133,7 @@ end
 
 -- A slot under max_active was freed: waiting workers may acquire again.
 local function freed_slot()
-  if meta_num('max_active', 0) > 0 then wake() end
+  if meta_num('max_active', DEFAULTS.max_active) > 0 then wake() end
 end
 
 -- ZREM many members without overflowing Lua's stack with unpack().

@@ -1,9 +1,9 @@
 --[[ maintain: bounded sweeps; each one touches at most `batch` items.
 KEYS: the queue keys of lib.lua.
 ARGV[1] batch
-ARGV[2] default max_stalled_count (task option, then meta max_stalled_count, then this)
-ARGV[3] stalled error (JSON, tag ~effectmq/Error/Stalled)
-ARGV[4] retention_ms for failed records (meta retention_failed_ms wins; -1 = keep)
+ARGV[2] max_stalled_count  the default (task option, then meta max_stalled_count, then this)
+ARGV[3] stalled_error      JSON, tag ~effectmq/Error/Stalled
+ARGV[4] retention_ms       for failed records (meta retention_failed_ms wins; -1 = keep)
 Returns: {recovered, stalled_failed, promoted, expired_records, expired_reservations, more}
   (expired_reservations also counts remembered settlements that ended)
   more = 1 when a sweep was cut short by its batch (call again soon).

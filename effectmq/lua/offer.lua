@@ -1,11 +1,11 @@
 --[[ offer: add one or more tasks; an id that exists (or is still reserved) is left untouched.
 KEYS: the queue keys of lib.lua.
-ARGV[1]   n, the number of tasks
-then per task, 9 values:
-  id, explicit_id (1|0), name, payload (JSON), delay_ms, priority,
-  max_retries (-1 = queue default), max_stalled_count (-1 = queue default),
-  options (JSON object of further per-task options, e.g. retry policy and timeout; may be '')
-Returns: one integer per task, 1 = created, 0 = already known (idempotent re-offer).
+ARGV[1] count  the number of tasks
+ARGV[2...] tasks...: 9 values each: id, explicit_id, name, payload, delay_ms, priority,
+  max_retries, max_stalled_count, options
+  explicit_id: 1 | 0; payload: JSON; max_retries, max_stalled_count: -1 = queue default
+  options: JSON object of further per-task options (retry policy, timeout), or ''
+Returns: {created...}  one per task: 1 = created, 0 = already known (idempotent re-offer)
 ]]
 local now = now_ms()
 local n = tonumber(ARGV[1])

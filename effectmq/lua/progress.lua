@@ -1,7 +1,9 @@
 --[[ progress: store the progress value of an owned task.
 KEYS: the queue keys of lib.lua.
-ARGV[1] id  ARGV[2] token  ARGV[3] progress (JSON)
-Returns: 1 = stored, 0 = lease lost.
+ARGV[1] id
+ARGV[2] token
+ARGV[3] progress  JSON
+Returns: stored  1 = stored, 0 = lease lost.
 ]]
 local now = now_ms()
 local key = owned(ARGV[1], ARGV[2], now)

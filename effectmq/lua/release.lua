@@ -1,8 +1,10 @@
 --[[ release: give an owned task back without counting a failure.
 KEYS: the queue keys of lib.lua.
-ARGV[1] id  ARGV[2] token  ARGV[3] delay_ms (0 = ready now)
-Returns: the outcome (protocol.Outcome): 4 = released (now, or by this token before),
-1/2/3 = this token settled otherwise before, 0 = lease lost.
+ARGV[1] id
+ARGV[2] token
+ARGV[3] delay_ms  0 = ready now
+Returns: outcome  (protocol.Outcome) 4 = released (now, or by this token before),
+  1/2/3 = this token settled otherwise before, 0 = lease lost.
 ]]
 local id, token = ARGV[1], ARGV[2]
 local now = now_ms()

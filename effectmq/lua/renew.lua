@@ -1,8 +1,8 @@
 --[[ renew: extend the leases the caller still owns.
 KEYS: the queue keys of lib.lua.
-ARGV[1] lock_timeout_ms (the queue's meta lock_timeout_ms wins when set)
-then pairs: id, token
-Returns: {now, deadline, owned...} with owned = 1 (renewed) or 0 (lease lost) per pair.
+ARGV[1] lock_timeout_ms  the queue's meta lock_timeout_ms wins when set
+ARGV[2...] leases...: 2 values each: id, token
+Returns: {now, deadline, owned...}  owned: 1 (renewed) or 0 (lease lost) per lease
 ]]
 local now = now_ms()
 local deadline = now + meta_num('lock_timeout_ms', ARGV[1])

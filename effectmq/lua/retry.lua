@@ -1,8 +1,8 @@
 --[[ retry: put a failed or canceled task back to waiting with fresh failure counters.
 KEYS: the queue keys of lib.lua.
 ARGV[1] id
-Returns: the state the task was in ("" when unknown); only failed and canceled
-tasks are retried.
+Returns: previous_state  the state the task was in ("" when unknown); only failed and
+  canceled tasks are retried.
 ]]
 local id = ARGV[1]
 local key = task_key(id)

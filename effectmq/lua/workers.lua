@@ -1,9 +1,12 @@
 --[[ workers: record this worker's load, and list the live workers of the queue.
 KEYS: the queue keys of lib.lua.
-ARGV[1] name (empty: only list)  ARGV[2] in_flight (-1: the worker is leaving)
-ARGV[3] concurrency  ARGV[4] ttl_ms (how long the entry stays live without news)
-Returns: flat list of live workers: name, in_flight, concurrency, ... Entries past
-their expiry are removed (the hash holds one entry per worker process).
+ARGV[1] name         empty: only list
+ARGV[2] in_flight    -1: the worker is leaving
+ARGV[3] concurrency
+ARGV[4] ttl_ms       how long the entry stays live without news
+Returns: {workers...}  the live workers. Entries past their expiry are removed (the hash
+  holds one entry per worker process).
+workers...: 3 values each: name, in_flight, concurrency
 ]]
 local now = now_ms()
 if ARGV[1] ~= '' then

@@ -1,0 +1,286 @@
+"""The worker side of the protocol: `Lease` and the engine that acquires, renews and
+settles leases, plus the wake signal idle workers block on.
+
+`TaskQueue` keeps the public names (`acquire`, `acquire_many`, `complete_many`) and
+delegates here. Every script call goes through the queue's `ScriptRunner`, the one
+place where redis-py's errors become `RedisUnavailable` or `RedisRefused`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import secrets
+import time
+from typing import TYPE_CHECKING, Any, Sequence
+
+from . import codec, models, protocol, retry as retry_policies
+from .aio import cancel_and_wait
+from .checks import check_number
+from .errors import DEFECT, AlreadySettled, CorruptValue, ErrorInfo, InvalidOption, InvalidPayload, LeaseLost, TaskError
+from .protocol import MAX_ACQUIRE, MAX_DELAY, Outcome, ms, retention_ms
+from .scripts import ScriptRunner
+
+if TYPE_CHECKING:
+    from .queue import TaskQueue
+
+
+def error_info(error: Any, declared: Sequence[type[BaseException]] = ()) -> tuple[ErrorInfo, bool]:
+    """Turn what a handler raised (or a caller passed) into a stored error and retryability."""
+    if isinstance(error, ErrorInfo):
+        return error, True
+    if isinstance(error, TaskError):
+        return ErrorInfo(error.error_tag(), str(error), error.data), error.retryable
+    if isinstance(error, BaseException):
+        if declared and isinstance(error, tuple(declared)):
+            return ErrorInfo(type(error).__name__, str(error)), True
+        return ErrorInfo(DEFECT, f"{type(error).__name__}: {error}"), True
+    if isinstance(error, str):
+        return ErrorInfo(error), True
+    if isinstance(error, dict) and "tag" in error:
+        return ErrorInfo.from_json(error), True
+    raise InvalidOption(f"fail() takes an exception, an ErrorInfo, a tag string or a dict with 'tag', got {error!r}")
+
+
+def error_json(info: ErrorInfo) -> str:
+    """The stored form of an error; data that is not JSON is kept as its repr, so a
+    failure always settles."""
+    try:
+        return codec.dumps(info.to_json(), "error")
+    except InvalidPayload:
+        return codec.dumps(ErrorInfo(info.tag, info.message, repr(info.data), info.kind).to_json(), "error")
+
+
+def retry_delay(policies: Sequence[Any], failures: int) -> tuple[float, str | None]:
+    """The first delay among `policies` that is finite and in range; and, when the first
+    policy raised or gave none, why (that failure then is a Defect of the attempt)."""
+    problem = None
+    for policy in policies:
+        try:
+            delay = float(policy(failures))
+            if math.isfinite(delay) and 0 <= delay <= MAX_DELAY:
+                return delay, problem
+            problem = problem or f"retry policy returned an invalid delay {delay!r}"
+        except Exception as exc:  # noqa: BLE001 - a user's policy may raise anything
+            problem = problem or f"retry policy raised {type(exc).__name__}: {exc}"
+    return float(retry_policies.DEFAULT_POLICY(failures)), problem
+
+
+class Lease:
+    """Ownership of one attempt of a task. Every write is fenced by `token`."""
+
+    __slots__ = (
+        "queue", "engine", "task_id", "token", "attempt", "name", "_raw_payload", "handler_failure_count",
+        "stalled_attempt_count", "max_retries", "options", "priority", "deadline_ms",
+        "confirmed_until", "lock_timeout", "requested_lock_timeout", "corrupt", "raw", "_wire_id",
+    )
+
+    def __init__(self, engine: "LeaseEngine", fields: protocol.RawFields, deadline_ms: int, confirmed_until: float,
+                 lock_timeout: float, requested_lock_timeout: float | None = None):
+        v = fields.values
+        self.engine = engine
+        self.queue = engine.queue
+        self.task_id = str(v["id"])
+        self._wire_id = protocol.wire(self.task_id)
+        self.token = str(v["token"])
+        self.name = str(v["name"] or "")
+        self.attempt = int(v["attempt"] or 0)
+        self.handler_failure_count = int(v["handler_failure_count"] or 0)
+        self.stalled_attempt_count = int(v["stalled_attempt_count"] or 0)
+        self.max_retries = models._optional_int(v["max_retries"])
+        self.priority = int(v["priority"] or 0)
+        # Values that could not be read: the worker fails the attempt as a Defect.
+        self.corrupt: dict[str, str] = {name: "not UTF-8" for name in fields.undecodable}
+        self.raw = dict(fields.undecodable)
+        self._raw_payload = fields.undecodable.get("payload", v["payload"])
+        try:
+            options = codec.loads(v["options"], "options") if "options" not in self.corrupt else {}
+            if not isinstance(options, (dict, type(None))):
+                raise CorruptValue(f"stored options are not a JSON object: {options!r}")
+            self.options = options or {}
+        except CorruptValue as exc:
+            self.corrupt["options"] = str(exc)
+            self.options = {}
+        self.deadline_ms = deadline_ms
+        # Local monotonic instant by which the lease is certainly still ours.
+        self.confirmed_until = confirmed_until
+        self.lock_timeout = lock_timeout  # the lease the server granted
+        self.requested_lock_timeout = requested_lock_timeout or lock_timeout  # asked again on renewal
+
+    @property
+    def payload(self) -> Any:
+        """The decoded payload; raises CorruptValue when the stored value is not UTF-8 JSON."""
+        if isinstance(self._raw_payload, bytes):
+            raise CorruptValue(f"stored payload of task {self.task_id!r} is not UTF-8")
+        return codec.loads(self._raw_payload, f"payload of task {self.task_id!r}")
+
+    @property
+    def raw_payload(self) -> str | bytes | None:
+        return self._raw_payload
+
+    @property
+    def ref(self) -> protocol.LeaseRef:
+        return protocol.LeaseRef(self._wire_id, self.token)
+
+    def __repr__(self) -> str:
+        return f"Lease(task_id={self.task_id!r}, name={self.name!r}, attempt={self.attempt})"
+
+    def _settled(self, operation: str, outcome: int, wanted: Sequence[Outcome]) -> Outcome:
+        """The outcome a settling call got, or the error for a token that no longer owns the task."""
+        outcome = Outcome(int(outcome))
+        if outcome in wanted:
+            return outcome
+        if outcome is Outcome.LOST:
+            raise LeaseLost(self.task_id, operation)
+        raise AlreadySettled(self.task_id, operation, outcome.label)
+
+    async def renew(self) -> None:
+        """Extend the lease; raises LeaseLost when this attempt is no longer the owner."""
+        owned = await self.engine.renew([self])
+        if not owned[0]:
+            raise LeaseLost(self.task_id, "renew")
+
+    async def complete(self, result: Any = None) -> None:
+        """Settle as completed. Sending it again (after a lost reply) is answered the same way."""
+        outcome = (await self.engine.complete_many([(self, codec.dumps(result, "result"))]))[0]
+        self._settled("complete", outcome, (Outcome.COMPLETED,))
+
+    async def fail(self, error: Any, *, retryable: bool | None = None, retry: Any = None,
+                   declared: Sequence[type[BaseException]] = ()) -> bool:
+        """Record a typed failure. Returns True when a retry was scheduled.
+
+        The next attempt's delay comes from `retry` (a handler's policy), else the
+        task's own policy, else the queue's; `retryable=False` ends the task now. A
+        policy that raises or gives no finite delay makes this failure a Defect (the
+        queue's policy then decides the delay). Sent again, it gives the same answer.
+        """
+        outcome = await self.engine.fail(self, error, retryable=retryable, retry=retry, declared=declared)
+        return self._settled("fail", outcome, (Outcome.RETRY, Outcome.FAILED)) is Outcome.RETRY
+
+    async def release(self, *, delay: float = 0) -> None:
+        """Give the task back without counting a failure (shutdown, not my kind of task)."""
+        self._settled("release", await self.engine.release(self, delay), (Outcome.RELEASED,))
+
+    async def progress(self, value: Any) -> None:
+        if not await self.engine.progress(self, value):
+            raise LeaseLost(self.task_id, "progress")
+
+
+class LeaseEngine:
+    """Acquire, renew and settle leases of one queue (internal: reached through
+    `TaskQueue.engine` and `Lease.engine`). The queue's current settings decide the
+    lease length, retries and retention, so `refresh_settings` applies here too."""
+
+    def __init__(self, queue: "TaskQueue", scripts: ScriptRunner):
+        self.queue = queue
+        self.scripts = scripts
+        self.token_prefix = secrets.token_hex(6)  # tokens are prefix:seq, unique per process
+
+    async def acquire_many(self, count: int, *, lock_timeout: float | None = None) -> tuple[list[Lease], float | None]:
+        check_number("count", count, minimum=1, integer=True, allow_none=False)
+        lt = self.queue.lock_timeout if lock_timeout is None else lock_timeout
+        check_number("lock_timeout", lt, minimum=0.01, allow_none=False)
+        sent = time.monotonic()
+        reply = await self.scripts.run(protocol.AcquireArgs(
+            min(count, MAX_ACQUIRE), ms(lt), self.token_prefix, self.queue.promote_batch))
+        granted = reply.granted
+        leases = [Lease(self, fields, reply.deadline, sent + granted, granted, lt) for fields in reply.leases]
+        return leases, reply.next_due_in
+
+    async def renew(self, leases: Sequence[Lease]) -> list[bool]:
+        """Renew many leases (one round trip per requested lease length); updates each
+        lease's confirmed deadline and the length the server granted."""
+        groups: dict[float, list[int]] = {}
+        for i, lease in enumerate(leases):
+            groups.setdefault(lease.requested_lock_timeout, []).append(i)
+        owned = [False] * len(leases)
+        for requested, members in groups.items():
+            sent = time.monotonic()
+            reply = await self.scripts.run(protocol.RenewArgs(ms(requested), [leases[i].ref for i in members]))
+            for i, ok in zip(members, reply.owned):
+                if ok:
+                    lease = leases[i]
+                    owned[i] = True
+                    lease.deadline_ms = reply.deadline
+                    lease.confirmed_until = sent + reply.granted
+                    lease.lock_timeout = reply.granted
+        return owned
+
+    async def complete_many(self, settled: Sequence[tuple[Lease, str]]) -> list[Outcome]:
+        completions = [protocol.Completion(lease._wire_id, lease.token, result_json) for lease, result_json in settled]
+        args = protocol.CompleteArgs(retention_ms(self.queue.retention_completed), completions)
+        return (await self.scripts.run(args)).outcomes
+
+    async def fail(self, lease: Lease, error: Any, *, retryable: bool | None, retry: Any,
+                   declared: Sequence[type[BaseException]]) -> Outcome:
+        q = self.queue
+        info, can_retry = error_info(error, declared)
+        if retryable is not None:
+            can_retry = retryable
+        delay = -1.0
+        if can_retry:
+            policy = retry or retry_policies.from_json(lease.options.get("retry")) or q.retry_policy
+            delay, problem = retry_delay((policy, q.retry_policy), lease.handler_failure_count + 1)
+            if problem:
+                info = ErrorInfo(DEFECT, f"{problem} (after {info.tag}: {info.message})", kind=info.kind)
+        args = protocol.FailArgs(lease._wire_id, lease.token, error_json(info), ms(delay) if delay >= 0 else -1,
+                                 q.max_retries, retention_ms(q.retention_failed))
+        return (await self.scripts.run(args)).outcome
+
+    async def release(self, lease: Lease, delay: float) -> Outcome:
+        check_number("delay", delay, allow_none=False, maximum=MAX_DELAY)
+        return (await self.scripts.run(protocol.ReleaseArgs(lease._wire_id, lease.token, ms(delay)))).outcome
+
+    async def progress(self, lease: Lease, value: Any) -> bool:
+        args = protocol.ProgressArgs(lease._wire_id, lease.token, codec.dumps(value, "progress"))
+        return (await self.scripts.run(args)).stored
+
+
+class WakeSignal:
+    """Set whenever the queue may have become ready (offer, release, resume, recovery).
+
+    Subscribed before the first acquire, so an offer between an empty acquire and
+    the wait is never missed; a lost subscription sets the event (caller re-checks).
+    """
+
+    def __init__(self, queue: "TaskQueue"):
+        self.queue = queue
+        self.event = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._ready = asyncio.Event()
+
+    async def start(self) -> "WakeSignal":
+        self._task = asyncio.create_task(self._listen(), name=f"effectmq-wake-{self.queue.name}")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), 5)
+        return self
+
+    async def _listen(self) -> None:
+        backoff = 0.05
+        while True:
+            pubsub = self.queue.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.queue.keys.wake_channel)
+                self._ready.set()
+                backoff = 0.05
+                async for _message in pubsub.listen():
+                    self.event.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.event.set()  # we may have missed a signal: let the owner look
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    async def wait(self, timeout: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.event.wait(), timeout)
+
+    async def close(self, timeout: float = 2.0) -> None:
+        if self._task:
+            await cancel_and_wait([self._task], timeout)
+

@@ -1,0 +1,217 @@
+"""The Lua scripts' headers (ARGV and Returns, in the form lib.lua describes) held against
+the dataclasses of effectmq.protocol, and the queue settings' defaults kept in Python only."""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import re
+import time
+import typing
+from pathlib import Path
+
+import pytest
+
+from effectmq import protocol, queue as queue_module, scripts
+from effectmq.protocol import SCRIPTS, SETTING_DEFAULTS, AcquireStatus, Outcome
+
+LUA = Path(protocol.__file__).parent / "lua"
+SEQUENCES = (list, collections.abc.Sequence)
+
+
+def read(name: str) -> str:
+    return (LUA / f"{name}.lua").read_text()
+
+
+def header_lines(operation: str) -> list[str]:
+    """The header's lines, a list continued after a trailing comma or an open brace joined."""
+    text = read(operation)
+    assert text.startswith("--[["), f"{operation}.lua has no header"
+    lines: list[str] = []
+    for line in text[4:text.index("]]")].splitlines():
+        line = line.strip()
+        if lines and (lines[-1].endswith(",") or lines[-1].count("{") > lines[-1].count("}")):
+            lines[-1] += " " + line
+        else:
+            lines.append(line)
+    return lines
+
+
+def names(listed: str) -> list[str]:
+    return [name.strip() for name in listed.split(",")]
+
+
+@dataclasses.dataclass
+class Header:
+    argv: list[str]  # scalar arguments in order, then "name..." for records
+    records: dict[str, list[str]]  # "name..." -> the values of one record
+    returns: list[str]  # the reply's names ("name..." for what follows)
+    table: bool  # the reply is a table (else one value)
+
+
+def parse_header(operation: str) -> Header:
+    h = Header([], {}, [], False)
+    for line in header_lines(operation):
+        if m := re.match(r"ARGV\[(\d+)\.\.\.\] (\w+\.\.\.): (\d+) values each: (.*)$", line):
+            index, name, count, values = m.groups()
+            assert int(index) == len(h.argv) + 1, f"{operation}: {name} starts at ARGV[{index}]"
+            h.argv.append(name)
+            h.records[name] = names(values)
+            assert len(h.records[name]) == int(count), f"{operation}: {name} lists {values} as {count} values"
+        elif found := re.findall(r"ARGV\[(\d+)\] (\w+)", line):
+            for index, name in found:
+                assert int(index) == len(h.argv) + 1, f"{operation}: ARGV[{index}] {name} out of order"
+                h.argv.append(name)
+        elif m := re.match(r"Returns: \{(.*?)\}", line):
+            h.returns, h.table = names(m.group(1)), True
+        elif m := re.match(r"Returns: (\w+)", line):
+            h.returns = [m.group(1)]
+        elif m := re.match(r"(\w+\.\.\.): (\d+) values each: (.*)$", line):
+            name, count, values = m.groups()
+            h.records[name] = names(values)
+            assert len(h.records[name]) == int(count), f"{operation}: {name} lists {values} as {count} values"
+    assert h.returns, f"{operation}.lua: no Returns line"
+    return h
+
+
+def layout(cls: type) -> tuple[list[str], dict[str, list[str]]]:
+    """A dataclass's fields as header names, and the values of its repeated records."""
+    hints = typing.get_type_hints(cls)
+    out: list[str] = []
+    records: dict[str, list[str]] = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if typing.get_origin(hint) in SEQUENCES:
+            item = typing.get_args(hint)[0]
+            out.append(f.name + "...")
+            if item is protocol.RawFields:  # decoded per field, by LEASE_FIELDS
+                records[f.name + "..."] = list(protocol.LEASE_FIELDS)
+            elif hasattr(item, "_fields"):
+                records[f.name + "..."] = list(item._fields)
+        else:
+            out.append(f.name)
+    return out, records
+
+
+def test_every_script_has_its_arguments_and_reply_classes():
+    files = {p.stem for p in LUA.glob("*.lua")} - {"lib"}
+    assert files == set(SCRIPTS) == set(scripts.OPERATIONS)
+    for operation, args in SCRIPTS.items():
+        assert args.operation == operation
+        assert dataclasses.is_dataclass(args) and dataclasses.is_dataclass(args.Reply)
+        assert callable(getattr(args.Reply, "from_reply"))
+
+
+@pytest.mark.parametrize("operation", sorted(SCRIPTS))
+def test_header_arguments_match_the_dataclass(operation):
+    header = parse_header(operation)
+    argv, records = layout(SCRIPTS[operation])
+    assert header.argv == argv
+    assert {k: v for k, v in header.records.items() if k in argv} == records
+
+
+@pytest.mark.parametrize("operation", sorted(SCRIPTS))
+def test_header_reply_matches_the_dataclass(operation):
+    header = parse_header(operation)
+    returns, records = layout(SCRIPTS[operation].Reply)
+    assert header.returns == returns
+    assert {k: v for k, v in header.records.items() if k in returns} == records
+    assert header.table == (len(returns) > 1 or returns[0].endswith("..."))
+
+
+@pytest.mark.parametrize("operation", sorted(SCRIPTS))
+def test_argv_follows_the_field_order(operation):
+    """argv() gives every field in order, records flattened value by value."""
+    cls = SCRIPTS[operation]
+    hints = typing.get_type_hints(cls)
+    given: dict[str, object] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if typing.get_origin(hints[f.name]) in SEQUENCES:
+            item = typing.get_args(hints[f.name])[0]
+            given[f.name] = [item(*(f"{f.name}{i}.{v}" for v in item._fields)) for i in range(2)]
+        else:
+            given[f.name] = f"<{f.name}>"
+    args = cls(**given)
+    expected: list = []
+    for f in dataclasses.fields(cls):
+        value = getattr(args, f.name)
+        if f.name in given and isinstance(value, list):
+            expected += [v for record in value for v in record]
+        else:
+            expected.append(value)
+    assert args.argv() == expected
+
+
+def test_record_strides_in_the_scripts_are_the_record_sizes():
+    """Where a script walks its records, the step and start are those of the header."""
+    for operation in SCRIPTS:
+        header, body = parse_header(operation), read(operation)
+        for start, step in re.findall(r"for i = (\d+), #ARGV, (\d+) do", body):
+            name = header.argv[int(start) - 1]
+            assert int(step) == len(header.records[name]), operation
+    assert re.search(r"local b = 2 \+ i \* (\d+)", read("offer")).group(1) == str(protocol.OFFER_WIDTH)
+    acquire = read("acquire")
+    stored = re.search(r"HMGET', key, (.*?)\)", acquire, re.S).group(1)
+    assert re.findall(r"'(\w+)'", stored) == list(protocol.LEASE_FIELDS[3:])  # after id, token, attempt
+    assert f"for j = 1, {protocol.LEASE_WIDTH - 3} do" in acquire
+
+
+def test_outcome_codes_and_acquire_statuses_are_named_alike():
+    lib = read("lib")
+    lua_names, lua_codes = re.search(r"local (OUTCOME_\w+(?:, OUTCOME_\w+)*) = ([\d, ]+)\n", lib).groups()
+    lua = dict(zip(names(lua_names), map(int, names(lua_codes))))
+    assert lua == {f"OUTCOME_{o.name}": int(o) for o in Outcome if o is not Outcome.LOST}
+    acquire = read("acquire")
+    used = set(re.findall(r"out\[4\] = '(\w+)'", acquire)) | set(re.findall(r"\{now, deadline, 0, '(\w+)'\}", acquire))
+    assert used == {s.value for s in AcquireStatus}
+    documented = next(line for line in header_lines("acquire") if line.startswith("status:"))
+    assert re.findall(r'"(\w+)"', documented) == [s.value for s in AcquireStatus]
+
+
+def test_no_numeric_default_is_written_in_lua():
+    """A fallback is an ARGV value (the caller's) or DEFAULTS (protocol.SETTING_DEFAULTS)."""
+    used = set()
+    for path in LUA.glob("*.lua"):
+        body = path.read_text()
+        for field, fallback in re.findall(r"meta_num\('(\w+)', ([^)]*\)?)\)", body):
+            if fallback.startswith("DEFAULTS."):
+                assert fallback == f"DEFAULTS.{field}", (path.name, field)
+                used.add(field)
+            else:
+                assert re.fullmatch(r"ARGV\[\d+\]", fallback), (path.name, field, fallback)
+        for fallback in re.findall(r"task_option\(key, '\w+', '\w+', ([^)]*\]?)\)", body):
+            assert re.fullmatch(r"ARGV\[\d+\]", fallback), (path.name, fallback)
+        for value in SETTING_DEFAULTS.values():
+            if value:
+                assert not re.search(rf"\b{value}\b", body), f"{path.name} repeats the default {value}"
+    assert used == set(SETTING_DEFAULTS)
+    assert set(SETTING_DEFAULTS) <= set(queue_module.SETTINGS.values())
+    assert queue_module.DEFAULT_DEDUP_WINDOW * 1000 == SETTING_DEFAULTS["dedup_window_ms"]
+    for operation in SCRIPTS:
+        assert scripts.source(operation).startswith(protocol.lua_defaults())
+
+
+def test_replies_parse_into_named_fields():
+    lease = [b"t1", b"tok:1", 1, b"job", b"{}", b"0", b"0", b"-1", b"", b"0"]
+    reply = protocol.AcquireArgs(1, 1000, "p", 10).parse([1000, 2000, -1, b"limited", *lease])
+    assert (reply.status, reply.granted, reply.next_due_in) == (AcquireStatus.LIMITED, 1.0, None)
+    assert reply.leases[0].values["token"] == "tok:1"
+    assert protocol.MaintainArgs(1, 1, "", -1).parse([1, 2, 3, 4, 5, 1]) == protocol.MaintainReply(1, 2, 3, 4, 5, True)
+    assert protocol.FailArgs("t", "k", "{}", -1, 3, -1).parse([3, 1, -1]).outcome is Outcome.FAILED
+    assert protocol.CancelArgs("t", "{}", -1).parse("").previous_state is None
+
+
+async def test_the_python_defaults_reach_the_scripts(make_queue):
+    """An explicit id forgotten at once stays reserved for the default dedup window."""
+    q = make_queue("protocol-defaults", retention_completed=0)
+    await q.offer("job", {}, task_id="kept")
+    lease = await q.acquire()
+    before = time.time() * 1000
+    await lease.complete("done")
+    reserved = await q.redis.zscore(q.keys.key("dedup"), "kept")
+    assert before + SETTING_DEFAULTS["dedup_window_ms"] - 5000 < reserved < time.time() * 1000 + \
+        SETTING_DEFAULTS["dedup_window_ms"] + 5000
+    assert (await q.offer("job", {}, task_id="kept")).created is False
+    assert len(await q.redis.xrange(q.keys.key("events"))) > 0  # events_maxlen > 0 by default
