@@ -38,7 +38,8 @@ UNKNOWN_TASK_LABEL = "<unknown>"
 WORKER_BEAT_INTERVAL = 2.0  # seconds between announcements of this worker's load
 BACKOFF_FIRST, BACKOFF_LIMIT = 0.1, 5.0  # seconds: a failing loop's first and longest wait
 STARTUP_PING_TIMEOUT = 5.0  # seconds: a connection that accepts but never answers is retried
-HELPER_STOP_TIMEOUT = 2.0  # seconds the helper loops get to end once the drain is over
+HELPER_STOP_TIMEOUT = 2.0
+LOG_REPEAT_EVERY = 5.0  # seconds: one warning per loop and error class, the rest at debug level  # seconds the helper loops get to end once the drain is over
 
 
 class TaskContext:
@@ -123,6 +124,7 @@ class Worker:
         self._attempts: dict[str, _Attempt] = {}  # by lease token: two attempts of one task may meet here
         self._background: set[asyncio.Task] = set()
         self._fatal: BaseException | None = None
+        self._last_warning: dict[tuple[str, str], float] = {}
         self._stopping = asyncio.Event()
         self._closing = asyncio.Event()  # the drain is over: helper loops end
         self._new_attempt = asyncio.Event()
@@ -213,6 +215,11 @@ class Worker:
         if isinstance(exc, asyncio.TimeoutError) or (isinstance(exc, RedisUnavailable) and exc.retryable):
             self._ready.set(0)
             reason = str(exc) or "no reply in time"
+            now = time.monotonic()
+            if self._last_warning.get((loop, code), -LOG_REPEAT_EVERY) > now - LOG_REPEAT_EVERY:
+                log.debug("%s failed (%s): %s", loop, code, reason)  # counted in LOOP_ERRORS
+                return
+            self._last_warning[(loop, code)] = now
             if retry_in is None:
                 log.warning("%s failed (%s): %s", loop, code, reason)
             else:
