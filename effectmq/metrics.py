@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 
 ATTEMPTS = Counter("effectmq_attempts", "Attempts started", ["queue", "task"])
 OUTCOMES = Counter(
@@ -35,10 +39,36 @@ def record_stats(stats) -> None:
     OLDEST_WAITING.labels(stats.queue).set(stats.oldest_waiting_seconds)
 
 
-def start_server(port: int, addr: str = "0.0.0.0") -> None:
-    from prometheus_client import start_http_server
+def start_server(port: int, addr: str = "0.0.0.0", ready: Callable[[], bool] | None = None) -> ThreadingHTTPServer:
+    """Serve Prometheus metrics (any path) and the probes /livez (the process answers)
+    and /readyz (200 while `ready()`, 503 otherwise) from a daemon thread."""
 
-    start_http_server(port, addr)
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/livez":
+                self._reply(200, b"ok\n", "text/plain")
+            elif path == "/readyz":
+                ok = ready() if ready is not None else True
+                self._reply(200 if ok else 503, b"ok\n" if ok else b"not ready: Redis not reachable or stopping\n",
+                            "text/plain")
+            else:
+                self._reply(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+
+        def _reply(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # probes every few seconds: no log line each
+            pass
+
+    server = ThreadingHTTPServer((addr, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="effectmq-metrics", daemon=True).start()
+    return server
 
 
 class AttemptMetrics:

@@ -133,7 +133,8 @@ class Worker:
         self._q = self.queue.name
         self._completions = CompletionBatcher(self.queue.engine)
         self._metrics = metrics.AttemptMetrics(self._q)
-        self._ready = metrics.REDIS_READY.labels(self._q)
+        self._ready_gauge = metrics.REDIS_READY.labels(self._q)
+        self.ready = False  # the last Redis call worked: /readyz answers 200
         self.processed = 0
 
     # -- lifecycle ----------------------------------------------------------
@@ -156,7 +157,7 @@ class Worker:
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.add_signal_handler(sig, self.stop)
         if self.metrics_port is not None:
-            metrics.start_server(self.metrics_port)
+            metrics.start_server(self.metrics_port, ready=lambda: self.ready and not self._stopping.is_set())
         helpers: list[asyncio.Task] = []
         wake = None
         try:
@@ -192,14 +193,14 @@ class Worker:
         while not self._stopping.is_set():
             try:
                 await asyncio.wait_for(self.queue.ping(), STARTUP_PING_TIMEOUT)
-                self._ready.set(1)
+                self._set_ready(True)
                 return True
             except asyncio.TimeoutError:
-                self._ready.set(0)
+                self._set_ready(False)
                 log.warning("worker %s: Redis did not answer within %.0fs, retrying in %.1fs",
                             self.name, STARTUP_PING_TIMEOUT, backoff)
             except RedisUnavailable as exc:
-                self._ready.set(0)
+                self._set_ready(False)
                 if not exc.retryable:
                     raise
                 log.warning("worker %s: Redis not reachable yet, retrying in %.1fs: %s", self.name, backoff, exc)
@@ -207,13 +208,17 @@ class Worker:
             backoff = min(backoff * 2, BACKOFF_LIMIT)
         return False
 
+    def _set_ready(self, ready: bool) -> None:
+        self.ready = ready
+        self._ready_gauge.set(1 if ready else 0)
+
     def _loop_failed(self, loop: str, exc: BaseException, retry_in: float | None = None) -> None:
         """One place judges a loop's error: retryable ones are logged and backed off from;
         any other makes the worker drain and run() raise it (a non-zero exit)."""
         code = getattr(exc, "code", None) or type(exc).__name__
         metrics.LOOP_ERRORS.labels(self._q, loop, code).inc()
         if isinstance(exc, asyncio.TimeoutError) or (isinstance(exc, RedisUnavailable) and exc.retryable):
-            self._ready.set(0)
+            self._set_ready(False)
             reason = str(exc) or "no reply in time"
             now = time.monotonic()
             if self._last_warning.get((loop, code), -LOG_REPEAT_EVERY) > now - LOG_REPEAT_EVERY:
@@ -243,7 +248,7 @@ class Worker:
             try:
                 leases, next_due = await self.queue.acquire_many(free, lock_timeout=self.lock_timeout)
                 backoff = BACKOFF_FIRST
-                self._ready.set(1)
+                self._set_ready(True)
             except Exception as exc:  # noqa: BLE001 - judged in one place
                 self._loop_failed("acquire", exc, backoff)
                 await self._until(self._stopping, backoff)

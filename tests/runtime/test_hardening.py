@@ -6,6 +6,8 @@ import asyncio
 import base64
 import math
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 import redis.asyncio as aioredis
@@ -339,20 +341,31 @@ async def test_corrupt_task_options_fail_the_task_as_defect(make_queue, redis_ur
 
 
 def test_worker_waits_for_redis_at_start_instead_of_exiting(tmp_path, make_redis):
+    """Not ready (/readyz 503) while Redis is missing, ready once it answers; alive throughout."""
     from tests.fixtures.redis import free_port
     from tests.support.processes import WorkerProcess
 
-    port = free_port()
+    port, metrics = free_port(), free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    worker = WorkerProcess(url, "late", tmp_path, args=["--lock-timeout", "2"])
+    worker = WorkerProcess(url, "late", tmp_path, args=["--lock-timeout", "2", "--metrics-port", str(metrics)])
     try:
         time.sleep(3)
         assert worker.proc.poll() is None, worker.log()
         assert "Redis not reachable yet" in worker.log() and f"127.0.0.1:{port}" in worker.log()
+        assert probe(metrics, "/livez") == 200 and probe(metrics, "/readyz") == 503
         make_redis(port=port)
         q = effectmq.SyncTaskQueue("late", url=url)
         q.offer("work", {}, task_id="w")
         worker.wait_for_effect(lambda lines: any(line[:2] == ["done", "w"] for line in lines), timeout=20)
+        assert probe(metrics, "/readyz") == 200
         q.close()
     finally:
         assert worker.stop() == 0, worker.log()
+
+
+def probe(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            return reply.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
