@@ -1,0 +1,27 @@
+# syntax=docker/dockerfile:1
+# The chart's bundled Redis (charts/effectmq, redis.enabled) without a registry:
+# Debian's redis-server on the Debian base tooling/images.sh debootstraps. What the
+# chart needs of it: `redis-server` and `redis-cli` on PATH, /data writable by the
+# `redis` user, uid/gid 999 (values.yaml redis.podSecurityContext).
+#
+#   bash tooling/images.sh redis
+ARG BASE_IMAGE=effectmq-base:bookworm
+FROM ${BASE_IMAGE}
+ARG REDIS_UID=999
+ARG REDIS_GID=999
+LABEL org.opencontainers.image.title="redis" \
+      org.opencontainers.image.description="Debian's redis-server, for the effectmq chart's bundled Redis"
+# policy-rc.d: the package's postinst must not start a server inside the build.
+RUN groupadd --system --gid "${REDIS_GID}" redis \
+    && useradd --system --uid "${REDIS_UID}" --gid redis --home-dir /var/lib/redis --no-create-home \
+       --shell /usr/sbin/nologin redis \
+    && printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 0755 /usr/sbin/policy-rc.d \
+    && apt-get update -qq \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server redis-tools \
+    && rm -f /usr/sbin/policy-rc.d \
+    && apt-get clean && rm -rf /var/lib/apt/lists/* /var/log/apt /var/log/dpkg.log \
+    && mkdir -p /data && chown "${REDIS_UID}:${REDIS_GID}" /data
+WORKDIR /data
+USER ${REDIS_UID}:${REDIS_GID}
+EXPOSE 6379
+CMD ["redis-server"]
