@@ -130,8 +130,8 @@ def read_archive(archive: Path) -> tuple[dict, dict, dict]:
         for name, member in members.items():
             if name.startswith("blobs/sha256/") and member.isfile():
                 digest = hashlib.sha256()
-                with tar.extractfile(member) as blob:
-                    for chunk in iter(lambda: blob.read(1 << 20), b""):
+                with tar.extractfile(member) as stream:
+                    for chunk in iter(lambda: stream.read(1 << 20), b""):
                         digest.update(chunk)
                 assert digest.hexdigest() == name.rsplit("/", 1)[1], f"{archive}: {name} does not match its digest"
 
