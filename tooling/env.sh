@@ -7,15 +7,9 @@ say() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # 1. System packages, given as package=file-that-proves-it-is-installed.
-missing=()
-for pair in ${EFFECTMQ_APT:-}; do
-    [ -e "${pair#*=}" ] || missing+=("${pair%%=*}")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    say "installing ${missing[*]}"
-    as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-fi
+source "$root/tooling/apt.sh"
+# shellcheck disable=SC2086 # a list of words
+apt_install_missing ${EFFECTMQ_APT:-}
 
 # 2. Python: a virtualenv per machine, keyed by pyproject.toml, reused when warm.
 cache="${EFFECTMQ_CACHE:-$HOME/.cache/effectmq}"

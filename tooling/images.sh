@@ -125,17 +125,10 @@ for image in "${wanted[@]}"; do
 done
 
 if [ "$need_build" = 1 ]; then
-    # 1. Tools, from Debian's packages when missing (as tooling/env.sh does).
-    missing=()
-    for pair in buildah=/usr/bin/buildah debootstrap=/usr/sbin/debootstrap runc=/usr/sbin/runc \
-                containernetworking-plugins=/usr/lib/cni/bridge; do
-        [ -e "${pair#*=}" ] || missing+=("${pair%%=*}")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        say "installing ${missing[*]}"
-        as_root apt-get update -qq
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-    fi
+    # 1. Tools, from Debian's packages when missing.
+    source "$root/tooling/apt.sh"
+    apt_install_missing buildah=/usr/bin/buildah debootstrap=/usr/sbin/debootstrap runc=/usr/sbin/runc \
+        containernetworking-plugins=/usr/lib/cni/bridge
     [ "$(id -u)" = 0 ] || { say "needs root (debootstrap, buildah with chroot isolation)"; exit 1; }
 
     # One builder at a time (a second caller waits, then finds the archives).
