@@ -82,12 +82,10 @@ class RawFields:
     values: dict[str, Any]  # str (or int for integer replies, None when absent)
     undecodable: dict[str, bytes] = field(default_factory=dict)
 
-    def describe(self) -> str:
-        return ", ".join(sorted(self.undecodable))
 
-    def raw_json(self) -> dict[str, str]:
-        """The undecodable bytes, base64-encoded, for an error record."""
-        return {name: base64.b64encode(raw).decode() for name, raw in self.undecodable.items()}
+def raw_json(undecodable: dict[str, bytes]) -> dict[str, str]:
+    """Undecodable values, base64-encoded, for an error record."""
+    return {name: base64.b64encode(raw).decode() for name, raw in undecodable.items()}
 
 
 def decode_fields(names: tuple[str, ...], raw: list) -> RawFields:

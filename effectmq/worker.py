@@ -10,7 +10,6 @@ longer be confirmed. SIGTERM drains: no new acquisitions, in-flight attempts get
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import contextvars
 import functools
@@ -21,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping
 
-from . import codec, heartbeat, metrics
+from . import codec, heartbeat, metrics, protocol
 from .acks import CompletionBatcher
 from .app import App, TaskDef
 from .aio import cancel_and_wait
@@ -38,8 +37,8 @@ UNKNOWN_TASK_LABEL = "<unknown>"
 WORKER_BEAT_INTERVAL = 2.0  # seconds between announcements of this worker's load
 BACKOFF_FIRST, BACKOFF_LIMIT = 0.1, 5.0  # seconds: a failing loop's first and longest wait
 STARTUP_PING_TIMEOUT = 5.0  # seconds: a connection that accepts but never answers is retried
-HELPER_STOP_TIMEOUT = 2.0
-LOG_REPEAT_EVERY = 5.0  # seconds: one warning per loop and error class, the rest at debug level  # seconds the helper loops get to end once the drain is over
+HELPER_STOP_TIMEOUT = 2.0  # seconds the helper loops get to end once the drain is over
+LOG_REPEAT_EVERY = 5.0  # seconds: one warning per loop and error class, the rest at debug level
 
 
 class TaskContext:
@@ -348,7 +347,7 @@ class Worker:
         lease, definition = attempt.lease, attempt.definition
         if lease.corrupt:  # a stored value that cannot be read never runs, and never will
             problems = "; ".join(f"{name}: {why}" for name, why in sorted(lease.corrupt.items()))
-            data = {"raw": {name: base64.b64encode(raw).decode() for name, raw in lease.raw.items()}}
+            data = {"raw": protocol.raw_json(lease.raw)}
             error = ErrorInfo(DEFECT, f"stored values of task {lease.task_id!r} cannot be read ({problems})",
                               data if lease.raw else None)
             return await self._fail(lease, error, definition, retryable=False)
@@ -491,11 +490,9 @@ class Worker:
             return
         margin = min(heartbeat.safety_margin(a.lease.lock_timeout) for a in due)
         budget = max(0.01, min(a.lease.confirmed_until for a in due) - margin - now)
-        try:
-            owned = await asyncio.wait_for(self.queue.engine.renew([a.lease for a in due]), budget)
-        except (RedisUnavailable, asyncio.TimeoutError) as exc:
-            self._loop_failed("heartbeat", exc)  # retried on the next tick, until the safety window closes
-            return
+        # An error here is judged by _heartbeat_loop; renewal is tried again on the next
+        # tick, until the safety window closes.
+        owned = await asyncio.wait_for(self.queue.engine.renew([a.lease for a in due]), budget)
         for attempt, ok in zip(due, owned):
             if ok:
                 attempt.next_renew = time.monotonic() + heartbeat.refresh_interval(
