@@ -85,11 +85,3 @@ def to_json(policy: RetryPolicy | None) -> dict | None:
     if isinstance(policy, (Fixed, Exponential)):
         return policy.to_json()
     raise InvalidOption("a custom retry policy (a callable) cannot be stored with a task; declare it on the handler")
-
-
-def delay_for(policy: RetryPolicy, failures: int) -> float:
-    """Delay after `failures` handler failures, validated."""
-    delay = float(policy(failures))
-    if delay < 0 or delay != delay:
-        raise InvalidOption(f"retry policy returned an invalid delay {delay!r}")
-    return delay
