@@ -9,6 +9,7 @@ id): a task runs at least once, and after a crash it may run again.
 
 import asyncio
 import logging
+import socket
 
 import effectmq
 
@@ -43,12 +44,13 @@ async def send_email(payload, ctx):
     await asyncio.sleep(0.01)  # stands in for the SMTP call
     log.info("sent %r to %s (task %s, attempt %d)", payload.get("subject", ""), payload["to"],
              ctx.task_id, ctx.attempt)
-    return {"delivered_to": payload["to"]}
+    # the host name is the pod's name under Kubernetes: shows where the task ran
+    return {"delivered_to": payload["to"], "handled_by": socket.gethostname()}
 
 
 @app.task(timeout=300)
 async def send_report(payload, ctx):
     """Offered by the `nightly-report` Schedule; the payload carries the tick."""
-    await ctx.progress({"stage": "collecting"})
+    await ctx.progress({"stage": "collecting", "handled_by": socket.gethostname()})
     await asyncio.sleep(payload.get("seconds", 0.05))  # stands in for the real work
-    return {"report": payload.get("report", "daily"), "tick": payload.get("tick")}
+    return {"report": payload.get("report", "daily"), "tick": payload.get("tick"), "handled_by": socket.gethostname()}

@@ -155,7 +155,7 @@ def test_install_upgrade_uninstall(kube_control_plane, make_namespace, tmp_path)
     _upgrade_crds_as_documented(plane, tmp_path)
     installed = _manifest(plane, namespace)
     kinds = sorted(o["kind"] for o in installed)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "Service",
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Lease", "Role", "RoleBinding", "Service",
                      "ServiceAccount"], kinds
     present = _present(plane, installed, namespace)
     assert all(present.values()), [k for k, v in present.items() if v is None]

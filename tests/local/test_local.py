@@ -110,7 +110,8 @@ def test_stop_drains_and_restart_continues(tmp_path, sig):
     try:
         again.wait_line(r"workers=1", timeout=60)
         q = effectmq.SyncTaskQueue("default/emails", url=again.url)
-        assert q.wait(slow, timeout=60) == {"report": "slow", "tick": None}
+        result = q.wait(slow, timeout=60)
+        assert (result["report"], result["tick"]) == ("slow", None)
         assert all(q.get(t).state == "completed" for t in quick)
         info = q.get(slow)
         assert info.stalled_attempt_count == 0 and info.handler_failure_count == 0

@@ -1,0 +1,322 @@
+"""The chart and the examples on a one-node cluster whose pods really run, driven the
+way a user does it: `helm install` with the built operator image and the bundled
+Redis, `kubectl apply -f examples/k8s/`, `kubectl wait`, `kubectl port-forward` to
+offer tasks. Tests run in file order and share the release (module fixture).
+
+The example Queue gets test-sized settings through `kubectl patch` (short leases,
+one task per pod, a grace period of 8 s, scaling that reacts within seconds),
+and the every-10-s `digest` Schedule is suspended until its own test, so idle
+really means idle."""
+
+from __future__ import annotations
+
+import calendar
+import json
+import subprocess
+import threading
+import time
+
+import pytest
+
+import effectmq
+from tests.fixtures.cluster import normalized_reference
+from tests.fixtures.redis import free_port
+from tests.support.operator import wait_for
+from tests.support.processes import ROOT
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
+
+NS = "effectmq"
+RELEASE = "effectmq"  # examples/k8s/queue.yaml reaches the bundled Redis as effectmq-redis
+CHART = ROOT / "charts" / "effectmq"
+EXAMPLES = ROOT / "examples" / "k8s"
+QUEUE = f"{NS}/emails"
+WORKERS = "app.kubernetes.io/name=effectmq-worker"
+TEST_SETTINGS = {"spec": {
+    "lockTimeoutSeconds": 6, "lockRefreshSeconds": 2,
+    "worker": {"concurrency": 1, "terminationGracePeriodSeconds": 8},
+    "scaling": {"minReplicas": 0, "maxReplicas": 4, "targetTasksPerReplica": 50, "pollIntervalSeconds": 2,
+                "scaleDownStabilizationSeconds": 5, "cooldownSeconds": 10},
+}}
+
+
+def patch(cluster, kind: str, name: str, body: dict) -> None:
+    cluster.kubectl("patch", kind, name, "-n", NS, "--type=merge", "-p", json.dumps(body))
+
+
+def scale(cluster, **scaling: int) -> None:
+    patch(cluster, "queue", "emails", {"spec": {"scaling": scaling}})
+
+
+def worker_pods(cluster) -> list[dict]:
+    return cluster.kubectl_json("get", "pods", "-n", NS, "-l", WORKERS)["items"]
+
+
+def ready(pod: dict) -> bool:
+    return pod["metadata"].get("deletionTimestamp") is None and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+
+
+def ready_worker_names(cluster) -> set[str]:
+    return {p["metadata"]["name"] for p in worker_pods(cluster) if ready(p)}
+
+
+def deployment_replicas(cluster) -> int:
+    return cluster.kubectl_json("get", "deployment", "emails-worker", "-n", NS)["spec"]["replicas"]
+
+
+def wait_workers(cluster, count: int, timeout: float = 120) -> set[str]:
+    def settled():
+        pods = worker_pods(cluster)
+        names = {p["metadata"]["name"] for p in pods if ready(p)}
+        return names if len(names) == count and len(pods) == count else None
+    return wait_for(settled, timeout=timeout, interval=0.5, what=f"{count} ready worker pods and no others")
+
+
+def holder(q, task_id: str) -> str | None:
+    """The pod running a send_report attempt (the handler reports it as progress)."""
+    info = q.get(task_id)
+    if info is None or info.state != "active" or not isinstance(info.progress, dict):
+        return None
+    return info.progress.get("handled_by")
+
+
+class Sampler:
+    """The worker Deployment's replica count and the worker pods seen, sampled in the background."""
+
+    def __init__(self, cluster):
+        self.cluster, self.replicas, self.pods = cluster, [], set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                self.replicas.append(deployment_replicas(self.cluster))
+                self.pods |= {p["metadata"]["name"] for p in worker_pods(self.cluster)}
+            except Exception:  # noqa: BLE001 - a missed sample is fine
+                pass
+            self._stop.wait(0.5)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.fixture(scope="module")
+def release(kube_cluster):
+    """The chart installed with the bundled Redis, and the examples applied."""
+    c = kube_cluster
+    c.helm("install", RELEASE, str(CHART), "--namespace", NS, "--create-namespace",
+           "--set", "redis.enabled=true", "--wait", "--timeout", "180s")
+    c.kubectl("apply", "-n", NS, "-f", str(EXAMPLES))
+    c.kubectl("wait", "-n", NS, "--for=condition=Ready", "queue/emails", "--timeout=60s")
+    patch(c, "schedule", "digest", {"spec": {"suspend": True}})
+    patch(c, "queue", "emails", TEST_SETTINGS)
+    yield c
+    c.helm("uninstall", RELEASE, "--namespace", NS, "--wait", check=False)
+
+
+@pytest.fixture(scope="module")
+def redis_url(release, tmp_path_factory):
+    """`kubectl port-forward` to the bundled Redis, as a user reaches it."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("port-forward") / "port-forward.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [str(release.plane.bin_dir / "kubectl"), f"--kubeconfig={release.kubeconfig}", "-n", NS,
+             "port-forward", f"svc/{RELEASE}-redis", f"{port}:6379"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "Forwarding from" in log.read_text() or proc.poll() is not None, timeout=30,
+                 what="kubectl port-forward")
+        assert proc.poll() is None, log.read_text()
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture
+def q(redis_url):
+    queue = effectmq.SyncTaskQueue(QUEUE, url=redis_url)
+    yield queue
+    queue.close()
+
+
+def test_operator_runs_from_its_image_restricted_and_reconciles(release):
+    c = release
+    deployment = c.kubectl_json("get", "deployment", RELEASE, "-n", NS)
+    selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+    (pod,) = c.kubectl_json("get", "pods", "-n", NS, "-l", selector)["items"]
+    spec, (container,) = pod["spec"], pod["spec"]["containers"]
+    assert spec["serviceAccountName"] == RELEASE
+    assert c.kubectl("get", "serviceaccount", RELEASE, "-n", NS).returncode == 0
+    assert container["image"] == "effectmq-operator:0.1.0"
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["imageID"] and status["image"] == normalized_reference(container["image"])
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True and security["runAsNonRoot"] is True
+    assert security["capabilities"]["drop"] == ["ALL"] and security["allowPrivilegeEscalation"] is False
+    # the probes are there and passing: Ready, never restarted
+    assert container["livenessProbe"]["httpGet"] and container["readinessProbe"]["httpGet"]
+    assert ready(pod) and status["restartCount"] == 0
+    # in the running container: the non-root uid, a root filesystem that refuses writes
+    probe = ("import os\ntry:\n    open('/probe', 'w')\nexcept OSError as e:\n    print(os.getuid(), e.strerror)")
+    out = c.kubectl("exec", "-n", NS, pod["metadata"]["name"], "--", "python3", "-c", probe).stdout.split(None, 1)
+    assert out == ["10001", "Read-only file system\n"]
+    # reconciled: the example Queue got its worker Deployment, owned by the Queue
+    queue = c.kubectl_json("get", "queue", "emails", "-n", NS)
+    workers = c.kubectl_json("get", "deployment", "emails-worker", "-n", NS)
+    assert [o["uid"] for o in workers["metadata"]["ownerReferences"]] == [queue["metadata"]["uid"]]
+    assert workers["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/shop-workers:1.4.2"
+
+
+def test_2000_tasks_run_in_worker_pods_that_scale_up_and_back_down(release, q):
+    c = release
+    wait_for(lambda: deployment_replicas(c) == 0, timeout=60, what="no workers while idle")
+    with Sampler(c) as sampler:
+        offered = q.offer_many(("send_email", {"to": f"user{i}@example.com"}) for i in range(2000))
+        results = [q.wait(o.task_id, timeout=300) for o in offered]
+        wait_for(lambda: deployment_replicas(c) == 0 and not worker_pods(c), timeout=120, interval=0.5,
+                 what="scaled back to zero")
+    assert [r["delivered_to"] for r in results] == [f"user{i}@example.com" for i in range(2000)]
+    ran_in = {r["handled_by"] for r in results}
+    assert ran_in <= sampler.pods, ran_in - sampler.pods  # every task ran in one of the worker pods
+    assert len(ran_in) >= 2, ran_in
+    peak = max(sampler.replicas)
+    assert peak == 4, sampler.replicas  # 2000 waiting / 50 per replica, capped at maxReplicas
+    assert sampler.replicas[-1] == 0
+    assert all(q.get(o.task_id).stalled_attempt_count == 0 for o in offered[::50])
+
+
+def test_scale_in_removes_idle_pods_first_and_a_removed_busy_pod_releases(release, q):
+    c = release
+    scale(c, minReplicas=3, maxReplicas=3)
+    before = wait_workers(c, 3)
+    tasks = [q.offer("send_report", {"report": f"long-{i}", "seconds": 12}).task_id for i in range(2)]
+    busy = wait_for(lambda: {holder(q, t) for t in tasks} if all(holder(q, t) for t in tasks) else None,
+                    timeout=60, what="both long tasks running")
+    assert len(busy) == 2 and busy <= before
+    idle = before - busy
+    time.sleep(3)  # a scaling poll (every 2 s) sets pod-deletion-cost on the busy pods
+    started = time.monotonic()
+    scale(c, minReplicas=1, maxReplicas=1)
+    (survivor,) = wait_workers(c, 1, timeout=60)
+    removed_in = time.monotonic() - started
+    assert survivor in busy, (survivor, busy, idle)  # the idle pod went first
+    (removed_busy,) = busy - {survivor}
+    assert removed_in < 8 + 5, removed_in  # within the grace period (8 s), with room for the poll
+    results = {t: q.wait(t, timeout=90) for t in tasks}
+    for t in tasks:
+        info = q.get(t)
+        assert info.state == "completed" and info.stalled_attempt_count == 0, info
+    # the removed pod handed its attempt back; the survivor ran it again
+    released = [t for t in tasks if q.get(t).attempt == 2]
+    assert len(released) == 1 and results[released[0]]["handled_by"] == survivor, (results, removed_busy)
+    scale(c, minReplicas=0, maxReplicas=4)
+
+
+def test_force_deleted_pod_mid_task_stalls_once_and_the_task_completes_elsewhere(release, q):
+    c = release
+    scale(c, minReplicas=2, maxReplicas=2)
+    pods = wait_workers(c, 2)
+    task = q.offer("send_report", {"report": "forced", "seconds": 6}).task_id
+    victim = wait_for(lambda: holder(q, task), timeout=60, what="the task running")
+    c.kubectl("delete", "pod", victim, "-n", NS, "--force", "--grace-period=0")
+    result = q.wait(task, timeout=120)
+    info = q.get(task)
+    assert info.stalled_attempt_count == 1 and info.state == "completed", info
+    assert result["handled_by"] != victim, result
+    scale(c, minReplicas=0, maxReplicas=4)
+
+
+def test_deleted_operator_pod_comes_back_and_scaling_goes_on(release, q):
+    c = release
+    deployment = c.kubectl_json("get", "deployment", RELEASE, "-n", NS)
+    selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+    (old,) = [p["metadata"]["name"] for p in c.kubectl_json("get", "pods", "-n", NS, "-l", selector)["items"]]
+    wait_for(lambda: deployment_replicas(c) == 0, timeout=90, what="idle before the test")
+    c.kubectl("delete", "pod", old, "-n", NS, "--wait=false")
+    c.kubectl("rollout", "status", f"deployment/{RELEASE}", "-n", NS, "--timeout=120s")
+    new = wait_for(lambda: [p["metadata"]["name"] for p in c.kubectl_json("get", "pods", "-n", NS, "-l", selector)[
+        "items"] if ready(p) and p["metadata"]["name"] != old], timeout=120, what="a new operator pod Ready")
+    assert new and old not in new
+    with Sampler(c) as sampler:
+        offered = q.offer_many(("send_email", {"to": f"again{i}@example.com"}) for i in range(300))
+        for o in offered:
+            q.wait(o.task_id, timeout=180)
+    assert max(sampler.replicas) >= 2, sampler.replicas  # the new leader scaled on the backlog
+
+
+def test_schedule_ticks_run_as_tasks_in_worker_pods_one_task_per_tick(release, q):
+    c = release
+    patch(c, "schedule", "digest", {"spec": {"suspend": False}})
+    seen: list[str] = []
+
+    def three_new_ticks():
+        last = c.kubectl_json("get", "schedule", "digest", "-n", NS).get("status", {}).get("lastTaskId")
+        if last and (not seen or seen[-1] != last):
+            seen.append(last)
+        return len(seen) >= 4  # the first may predate the resume
+
+    wait_for(three_new_ticks, timeout=90, interval=0.5, what="three new digest ticks")
+    patch(c, "schedule", "digest", {"spec": {"suspend": True}})
+    first, last = seen[1], seen[-1]
+    stamp = lambda task_id: calendar.timegm(time.strptime(task_id.rsplit("/", 1)[1], "%Y-%m-%dT%H:%M:%SZ"))
+    # every tick between the first and the last new one is a task (deterministic ids: one per tick)
+    ids = [f"{NS}/digest/" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+           for t in range(stamp(first), stamp(last) + 1, 10)]
+    assert len(ids) >= 3 and ids[0] == first and ids[-1] == last, (ids, seen)
+    for task_id in ids:
+        result = q.wait(task_id, timeout=60)
+        info = q.get(task_id)
+        assert info.attempt == 1 and result["report"] == "digest", info
+        assert result["handled_by"].startswith("emails-worker-"), result
+
+
+def test_helm_upgrade_rolls_the_operator_and_uninstall_leaves_only_crds_and_redis_data(release):
+    c = release
+    deployment = c.kubectl_json("get", "deployment", RELEASE, "-n", NS)
+    selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+    before = {p["metadata"]["name"] for p in c.kubectl_json("get", "pods", "-n", NS, "-l", selector)["items"]}
+    c.helm("upgrade", RELEASE, str(CHART), "--namespace", NS, "--reuse-values", "--set", "verbose=true",
+           "--wait", "--timeout", "180s")
+    def rolled():
+        pods = c.kubectl_json("get", "pods", "-n", NS, "-l", selector)["items"]
+        return pods if len(pods) == 1 and pods[0]["metadata"]["name"] not in before and ready(pods[0]) else None
+
+    (pod,) = wait_for(rolled, timeout=90, what="the operator rolled: one new pod, the old one gone")
+    assert "--verbose" in pod["spec"]["containers"][0]["args"]
+    c.kubectl("wait", "-n", NS, "--for=condition=Ready", "queue/emails", "--timeout=60s")
+
+    c.kubectl("delete", "-n", NS, "-f", str(EXAMPLES), "--wait=true", "--timeout=60s")
+    wait_for(lambda: c.kubectl("get", "deployment", "emails-worker", "-n", NS, check=False).returncode != 0,
+             timeout=60, what="the worker Deployment garbage-collected with its Queue")
+    c.helm("uninstall", RELEASE, "--namespace", NS, "--wait", "--timeout", "120s")
+
+    kinds = c.kubectl("api-resources", "--verbs=list", "--namespaced", "-o", "name").stdout.split()
+    kinds = [k for k in kinds if k not in ("events", "events.events.k8s.io")]  # records, not objects
+    left = wait_for(lambda: _left_behind(c, kinds), timeout=60, interval=1, what="only what is kept by design")
+    assert left == {"persistentvolumeclaims/data-effectmq-redis-0"}, left
+    cluster_left = c.kubectl("get", "clusterrole,clusterrolebinding", "-l", f"app.kubernetes.io/instance={RELEASE}",
+                             "-o", "name").stdout.split()
+    assert cluster_left == []
+    crds = c.kubectl("get", "crd", "-o", "name").stdout.split()
+    assert {"customresourcedefinition.apiextensions.k8s.io/queues.effectmq.io",
+            "customresourcedefinition.apiextensions.k8s.io/schedules.effectmq.io"} <= set(crds)
+
+
+def _left_behind(c, kinds: list[str]) -> set[str] | None:
+    out = c.kubectl("get", ",".join(kinds), "-n", NS, "-o", "json").stdout
+    names = set()
+    for item in json.loads(out)["items"]:
+        kind, name = item["kind"].lower() + "s", item["metadata"]["name"]
+        if (kind, name) in {("configmaps", "kube-root-ca.crt"), ("serviceaccounts", "default")}:
+            continue  # every namespace has these
+        names.add(f"{kind}/{name}")
+    return names if all(not n.startswith("pods/") for n in names) else None
+
