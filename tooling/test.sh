@@ -6,8 +6,11 @@
 #   bash tooling/test.sh                 # everything
 #   bash tooling/test.sh tests/runtime   # a part
 set -euo pipefail
-# a real redis-server, and libfaketime for the clock-skew tests
-EFFECTMQ_APT="redis-server=/usr/bin/redis-server libfaketime=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+# a real redis-server, libfaketime for the clock-skew tests, and the one-node
+# cluster's node side (tests/fixtures/cluster.py)
+EFFECTMQ_APT="redis-server=/usr/bin/redis-server libfaketime=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 \
+containerd=/usr/bin/containerd runc=/usr/sbin/runc containernetworking-plugins=/usr/lib/cni/bridge \
+iptables=/usr/sbin/iptables gcc=/usr/bin/gcc libc6-dev=/usr/lib/x86_64-linux-gnu/libc.a"
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 # The Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, kubectl, helm).
@@ -18,6 +21,14 @@ if [ -z "${EFFECTMQ_CONTROLPLANE_BIN:-}" ]; then
     export EFFECTMQ_CONTROLPLANE_BIN
 fi
 say "control plane binaries: $EFFECTMQ_CONTROLPLANE_BIN"
+
+# The node of the one-node cluster (kubelet, kube-scheduler, kube-proxy, CoreDNS).
+if [ -z "${EFFECTMQ_NODE_BIN:-}" ]; then
+    command -v go >/dev/null 2>&1 || { say "go is needed to build the test node"; exit 1; }
+    EFFECTMQ_NODE_BIN="$(bash tooling/node/build.sh | tail -n 1)"
+    export EFFECTMQ_NODE_BIN
+fi
+say "node binaries: $EFFECTMQ_NODE_BIN"
 
 # The kstatus helper (sigs.k8s.io/cli-utils kstatus, as Flux judges health).
 if [ -z "${EFFECTMQ_KSTATUS_BIN:-}" ]; then
