@@ -217,6 +217,27 @@ def test_install_upgrade_uninstall(kube_control_plane, make_namespace, tmp_path)
     assert plane.helm("list", "-n", namespace, "-q").stdout.strip() == ""
 
 
+def test_a_lease_the_operator_made_is_adopted_with_take_ownership(kube_control_plane, make_namespace, effectmq_crds):
+    """README, "CRD upgrades": a release from before the chart owned its Lease has one
+    the operator created; Helm refuses to take it silently and adopts it with
+    --take-ownership, after which uninstall removes it."""
+    plane = kube_control_plane
+    namespace = make_namespace("adopt")
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": FULLNAME, "namespace": namespace},
+             "spec": {"holderIdentity": "old-operator-pod", "leaseDurationSeconds": 15}}
+    plane.kubectl("create", "-f", "-", input=json.dumps(lease))
+    refused = plane.helm("install", RELEASE, str(CHART), "-n", namespace, check=False)
+    assert refused.returncode != 0 and "cannot be imported into the current release" in refused.stderr
+    plane.helm("uninstall", RELEASE, "-n", namespace, check=False)  # the failed release, if recorded
+    plane.helm("install", RELEASE, str(CHART), "-n", namespace, "--take-ownership")
+    adopted = get_object(plane, "lease", namespace, FULLNAME)
+    assert adopted["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE
+    assert adopted["spec"]["holderIdentity"] == "old-operator-pod"  # the leader is not disturbed
+    plane.helm("uninstall", RELEASE, "-n", namespace, "--wait", "--timeout", "60s")
+    wait_for(lambda: get_object(plane, "lease", namespace, FULLNAME) is None, timeout=30, what="the Lease removed")
+
+
 def test_helm_test_checks_the_operator_and_the_bundled_redis(kube_control_plane, make_namespace, effectmq_crds,
                                                             tmp_path):
     """`helm test` with the kubelet's part played here: the test pod's command runs
