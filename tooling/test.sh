@@ -38,4 +38,7 @@ if [ -z "${EFFECTMQ_KSTATUS_BIN:-}" ]; then
 fi
 say "kstatus helper: $EFFECTMQ_KSTATUS_BIN"
 
-exec "$venv/bin/python" -m pytest "$@"
+# Two workers (this machine has 2 cores; much of the suite waits on leases and
+# timeouts); a file's tests stay on one worker, so module fixtures are shared.
+# `-n 0` among the arguments runs them in this process.
+exec "$venv/bin/python" -m pytest -n "${EFFECTMQ_TEST_WORKERS:-2}" --dist loadfile "$@"

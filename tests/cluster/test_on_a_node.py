@@ -203,6 +203,8 @@ def test_scale_in_removes_idle_pods_first_and_a_removed_busy_pod_releases(releas
     assert len(busy) == 2 and busy <= before
     idle = before - busy
     time.sleep(3)  # a scaling poll (every 2 s) sets pod-deletion-cost on the busy pods
+    # (12 s tasks: the removed busy pod drains for 3 s, EFFECTMQ_DRAIN_TIMEOUT of an 8 s grace,
+    # and must still be running when that ends, so it releases instead of finishing)
     started = time.monotonic()
     scale(c, minReplicas=1, maxReplicas=1)
     (survivor,) = wait_workers(c, 1, timeout=60)
@@ -257,20 +259,20 @@ def test_schedule_ticks_run_as_tasks_in_worker_pods_one_task_per_tick(release, q
     patch(c, "schedule", "digest", {"spec": {"suspend": False}})
     seen: list[str] = []
 
-    def three_new_ticks():
+    def two_new_ticks():
         last = c.kubectl_json("get", "schedule", "digest", "-n", NS).get("status", {}).get("lastTaskId")
         if last and (not seen or seen[-1] != last):
             seen.append(last)
-        return len(seen) >= 4  # the first may predate the resume
+        return len(seen) >= 3  # the first may predate the resume
 
-    wait_for(three_new_ticks, timeout=90, interval=0.5, what="three new digest ticks")
+    wait_for(two_new_ticks, timeout=90, interval=0.5, what="two new digest ticks")
     patch(c, "schedule", "digest", {"spec": {"suspend": True}})
     first, last = seen[1], seen[-1]
     stamp = lambda task_id: calendar.timegm(time.strptime(task_id.rsplit("/", 1)[1], "%Y-%m-%dT%H:%M:%SZ"))
     # every tick between the first and the last new one is a task (deterministic ids: one per tick)
     ids = [f"{NS}/digest/" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
            for t in range(stamp(first), stamp(last) + 1, 10)]
-    assert len(ids) >= 3 and ids[0] == first and ids[-1] == last, (ids, seen)
+    assert len(ids) >= 2 and ids[0] == first and ids[-1] == last, (ids, seen)
     for task_id in ids:
         result = q.wait(task_id, timeout=60)
         info = q.get(task_id)
