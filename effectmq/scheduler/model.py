@@ -221,7 +221,7 @@ class TickReport:
     errors: dict[str, str] = field(default_factory=dict)  # schedule id -> message
     lost: int = 0  # schedules another scheduler advanced first (their offers were idempotent repeats)
     next_due: datetime | None = None  # earliest next fire time known after the pass
-    more: bool = False  # stopped at the per-pass limit: call again now
+    more: bool = False  # left due work (fell due during the pass, or a stale decision): call again now
 
     @property
     def created(self) -> int:

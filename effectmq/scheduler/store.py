@@ -41,7 +41,7 @@ class Row(NamedTuple):
 
 class DueBatch(NamedTuple):
     now_ms: int
-    next_ms: int | None  # earliest fire time after now among schedules not returned
+    next_ms: int | None  # earliest fire time after now (or upto) among schedules not returned
     rows: list[Row]
 
 
@@ -135,8 +135,9 @@ class ScheduleStore:
 
     # -- reads -----------------------------------------------------------------
 
-    async def due(self, batch: int) -> DueBatch:
-        reply = await self._call("due", [batch])
+    async def due(self, batch: int, upto_ms: int | None = None) -> DueBatch:
+        """Up to `batch` schedules due now (or already at `upto_ms`, when that is earlier)."""
+        reply = await self._call("due", [batch] if upto_ms is None else [batch, upto_ms])
         rows = [Row(reply[i], reply[i + 1], reply[i + 2], _int(reply[i + 3])) for i in range(2, len(reply), 4)]
         upcoming = int(float(reply[1]))
         return DueBatch(int(reply[0]), None if upcoming < 0 else upcoming, rows)

@@ -1,15 +1,18 @@
 --[[ due: the schedules whose next fire time has come, by Redis time.
 KEYS: the scheduler keys of lib.lua.
 ARGV[1] batch: at most this many schedules
+ARGV[2] upto (optional): only schedules due at or before this time (ms), when it is
+        before now: a pass taken in slices reads what was due when it began, and ends
 Returns: {now, next, id1, spec1, version1, cursor1, id2, ...}
   now  = Redis time (ms) the caller must decide with
-  next = the earliest fire time after now (ms), -1 if none
+  next = the earliest fire time after min(now, upto) (ms), -1 if none
 Costs O(log n + batch): schedules that are not due are never read. A hash written
 without version or cursor (by hand) gets version 1 and a cursor of now.
 ]]
 local now = now_ms()
-local ids = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-local upcoming = redis.call('ZRANGEBYSCORE', K_DUE, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+local upto = math.min(now, tonumber(ARGV[2]) or now)
+local ids = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', upto, 'LIMIT', 0, tonumber(ARGV[1]))
+local upcoming = redis.call('ZRANGEBYSCORE', K_DUE, '(' .. upto, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
 local out = {now, upcoming[2] or -1}
 for _, id in ipairs(ids) do
   local key = schedule_key(id)

@@ -1,0 +1,98 @@
+"""Schedules at scale against a real redis-server: many target queues in one pass,
+more due schedules than any slice, and passes that end while schedules keep firing."""
+
+import asyncio
+import time
+
+import effectmq
+from effectmq.scheduler import Scheduler, ScheduleSpec
+
+from .support import Z, redis_now_ms
+
+HOURLY = "0 * * * *"
+
+
+async def put_many(scheduler: Scheduler, specs: list[ScheduleSpec]) -> None:
+    """Store definitions without settling them (a pass settles them all at once)."""
+    for i in range(0, len(specs), 50):
+        await asyncio.gather(*(scheduler.store.put(s) for s in specs[i:i + 50]))
+
+
+async def make_one_tick_due(scheduler: Scheduler, ids: list[str]) -> int:
+    """Every cursor just before the latest hour boundary: one hourly tick due per
+    schedule (missed, so coalesced into one task). Returns that boundary (s)."""
+    while True:  # not so close to the next hour that a second tick falls due mid-test
+        seconds, _ = await scheduler.redis.time()
+        if seconds % 3600 < 3570:
+            break
+        await asyncio.sleep(1)
+    boundary = seconds - seconds % 3600
+    async with scheduler.redis.pipeline(transaction=False) as pipe:
+        for sid in ids:
+            pipe.hset(scheduler.store.key(sid), "cursor", boundary * 1000 - 1)
+            pipe.zadd(scheduler.store.keys[1], {sid: 0})
+        await pipe.execute()
+    return boundary
+
+
+async def queued_ids(scheduler: Scheduler, queues: list[str]) -> dict[str, list[str]]:
+    """Every task waiting in each queue (through the queue API, on the scheduler's client)."""
+    out = {}
+    for name in queues:
+        q = effectmq.TaskQueue(name, redis=scheduler.redis)
+        out[name] = sorted(t.task_id for t in await q.list_tasks("waiting", limit=1000))
+    return out
+
+
+async def test_ten_thousand_schedules_over_a_thousand_queues_in_one_pass(scheduler):
+    n, queues = 10_000, 1_000
+    specs = [ScheduleSpec(id=f"wide/{i:05d}", queue=f"wide-{i % queues:04d}", cron=HOURLY, task="work")
+             for i in range(n)]
+    await put_many(scheduler, specs)
+    boundary = await make_one_tick_due(scheduler, [s.id for s in specs])
+
+    started = time.monotonic()
+    report = await scheduler.tick()
+    elapsed = time.monotonic() - started
+
+    assert not report.errors, f"{len(report.errors)} errors, e.g. {next(iter(report.errors.items()))}"
+    assert report.created == n and not report.more
+    expected: dict[str, list[str]] = {f"wide-{q:04d}": [] for q in range(queues)}
+    for s in specs:
+        expected[s.queue].append(f"{s.id}/{Z(boundary)}")
+    assert await queued_ids(scheduler, list(expected)) == {q: sorted(ids) for q, ids in expected.items()}
+    assert elapsed < 5, f"one pass over {n} schedules and {queues} queues took {elapsed:.2f}s"
+
+
+async def test_a_pass_materializes_more_due_schedules_than_any_fixed_cap(scheduler):
+    n = 25_000  # more than the 20,000 schedules one pass used to stop at
+    specs = [ScheduleSpec(id=f"many/{i:05d}", queue=f"many-{i % 10}", cron=HOURLY, task="work") for i in range(n)]
+    await put_many(scheduler, specs)
+    boundary = await make_one_tick_due(scheduler, [s.id for s in specs])
+
+    report = await scheduler.tick()
+
+    assert not report.errors and not report.more
+    assert report.examined == n and report.created == n
+    assert {m.task_id for m in report.materialized} == {f"{s.id}/{Z(boundary)}" for s in specs}
+    assert (await scheduler.tick()).examined == 0  # nothing left behind for a later pass
+
+
+async def test_a_pass_ends_although_its_schedules_fall_due_again_meanwhile(redis_url):
+    """A pass slower than the schedules' period examines each schedule once, then
+    ends: what fell due meanwhile is the next pass's, which is due at once."""
+
+    async def slow_offer(queue, task_ids):
+        await asyncio.sleep(0.4)
+
+    async with Scheduler(redis_url, namespace="slow", batch=1, before_offer=slow_offer) as scheduler:
+        specs = [ScheduleSpec(id=f"slow/{i}", queue="slow", cron="* * * * * *", task="work") for i in range(5)]
+        await put_many(scheduler, specs)
+        await asyncio.wait_for(scheduler.tick(), 20)  # settles them: next second, and every second after
+        await asyncio.sleep(1.1)
+        report = await asyncio.wait_for(scheduler.tick(), 20)  # 5 slices of >= 0.4 s: longer than 1 s
+        assert report.examined == 5 and not report.errors
+        assert {m.schedule_id for m in report.materialized} == {s.id for s in specs}
+        # the ticks that fell due during the pass make the next pass due at once
+        assert report.more
+        assert report.next_due is not None and report.next_due.timestamp() * 1000 <= await redis_now_ms(scheduler)
