@@ -13,9 +13,10 @@ worker's maintenance expires records while the soak runs; with the defaults (1 d
 7 days) memory grows by design: a 4 KiB completed record costs about 6.7 KiB of
 used_memory while retained, a reserved explicit id about 125 B (500/s for 10
 minutes: ~36 MiB). The worker runs maintenance every second (--maintenance-interval
-1): a pass expires at most 10 batches of 100 records, so at the worker's default
-of 5 s one worker expires about 200 records/s and, at 500 tasks/s, completed
-records pile up (measured: +1.7 MiB/s of used_memory).
+1). Its passes sweep while calls report more and come sooner while records expire,
+so the worker's default of 5 s keeps up as well (bench/retention.py); when a pass
+expired at most 10 batches of 100, one worker expired about 200 records/s at that
+default and, at 500 tasks/s, completed records piled up (+1.7 MiB/s of used_memory).
 
 Every `--sample-every` seconds: accepted (offers Redis confirmed), completed (the
 worker's effectmq_outcomes_total{outcome="completed"} counter, scraped from its
@@ -191,14 +192,15 @@ def proc_status(pid: int) -> tuple[int, float]:
 class SoakWorker:
     """`python -m effectmq worker bench._soak_handlers:app` with its log in a file."""
 
-    def __init__(self, url: str, queue: str, log_dir: Path, *, concurrency: int, maintenance_interval: float):
+    def __init__(self, url: str, queue: str, log_dir: Path, *, concurrency: int, maintenance_interval: float,
+                 extra_args: tuple[str, ...] = ()):
         self.metrics_port = free_port()
         self.log_path = log_dir / f"worker-{queue}.log"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                "PYTHONUNBUFFERED": "1", "EFFECTMQ_REDIS_URL": url}
         cmd = [sys.executable, "-m", "effectmq", "worker", HANDLERS, "--queue", queue,
                "--concurrency", str(concurrency), "--maintenance-interval", str(maintenance_interval),
-               "--metrics-port", str(self.metrics_port)]
+               "--metrics-port", str(self.metrics_port), *extra_args]
         self.log_file = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=self.log_file, stderr=subprocess.STDOUT)
 

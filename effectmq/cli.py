@@ -75,7 +75,8 @@ async def cmd_worker(args) -> int:
         target.use_queue(queue)
     worker = Worker(queue, target, concurrency=args.concurrency, lock_timeout=args.lock_timeout,
                     lock_refresh=args.lock_refresh, drain_timeout=args.drain_timeout,
-                    maintenance_interval=args.maintenance_interval, metrics_port=args.metrics_port,
+                    maintenance_interval=args.maintenance_interval, maintenance_batch=args.maintenance_batch,
+                    metrics_port=args.metrics_port,
                     name=env("EFFECTMQ_WORKER_NAME") or env("HOSTNAME"))
     try:
         await worker.run()
@@ -173,7 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--drain-timeout", type=float, default=env("EFFECTMQ_DRAIN_TIMEOUT", 30.0, float),
                    help="seconds in-flight attempts get on SIGTERM before release [EFFECTMQ_DRAIN_TIMEOUT]")
     w.add_argument("--maintenance-interval", type=float, default=env("EFFECTMQ_MAINTENANCE_INTERVAL", 5.0, float),
-                   help="seconds between bounded maintenance passes [EFFECTMQ_MAINTENANCE_INTERVAL]")
+                   help="longest gap between bounded maintenance passes; shorter while work falls due "
+                   "[EFFECTMQ_MAINTENANCE_INTERVAL]")
+    w.add_argument("--maintenance-batch", type=int, default=env("EFFECTMQ_MAINTENANCE_BATCH", 100, int),
+                   help="items per sweep of one maintenance call [EFFECTMQ_MAINTENANCE_BATCH]")
     w.add_argument("--metrics-port", type=int, default=env("EFFECTMQ_METRICS_PORT", None, int),
                    help="serve Prometheus metrics on this port [EFFECTMQ_METRICS_PORT]")
     w.set_defaults(run=cmd_worker)

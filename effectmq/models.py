@@ -159,5 +159,11 @@ class MaintenanceReport:
     def touched(self) -> int:
         return self.recovered + self.stalled_failed + self.promoted + self.expired_records + self.expired_reservations
 
+    def __add__(self, later: "MaintenanceReport") -> "MaintenanceReport":
+        """Two passes in a row: counts summed; `more` is what the later one left."""
+        return MaintenanceReport(self.recovered + later.recovered, self.stalled_failed + later.stalled_failed,
+                                 self.promoted + later.promoted, self.expired_records + later.expired_records,
+                                 self.expired_reservations + later.expired_reservations, later.more)
+
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -319,6 +319,17 @@ class TaskQueue(OwnsConnection):
                                                               retention_ms(self.retention_failed)))
         return MaintenanceReport(**dataclasses.asdict(reply))
 
+    async def sweep(self, *, batch: int = 100, budget: float = 1.0) -> MaintenanceReport:
+        """maintain() again while a call reports more, until `budget` seconds have passed
+        (the call in flight finishes): expired work is cleared as fast as it falls due,
+        while every call stays bounded by `batch`. The reports summed; `more`: work is left."""
+        check_number("budget", budget, minimum=0, allow_none=False)
+        deadline = time.monotonic() + budget
+        report = await self.maintain(batch=batch)
+        while report.more and time.monotonic() < deadline:
+            report += await self.maintain(batch=batch)
+        return report
+
     async def list_tasks(self, state: str, *, limit: int = 100, offset: int = 0) -> list[TaskInfo]:
         """Tasks in one state index, in index order (bounded by `limit`)."""
         if state not in INDEXES:

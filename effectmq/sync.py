@@ -77,6 +77,9 @@ class SyncTaskQueue:
     def maintain(self, *, batch: int = 100) -> MaintenanceReport:
         return self._run(self._queue.maintain(batch=batch))
 
+    def sweep(self, *, batch: int = 100, budget: float = 1.0) -> MaintenanceReport:
+        return self._run(self._queue.sweep(batch=batch, budget=budget))
+
     def list_tasks(self, state: str, *, limit: int = 100, offset: int = 0) -> list[TaskInfo]:
         return self._run(self._queue.list_tasks(state, limit=limit, offset=offset))
 

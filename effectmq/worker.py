@@ -20,15 +20,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping
 
-from . import codec, heartbeat, metrics, protocol
+from . import codec, heartbeat, maintenance, metrics, protocol
 from .acks import CompletionBatcher
 from .app import App, TaskDef
 from .aio import cancel_and_wait
+from .checks import check_number
 from .errors import (
     DEFECT, TIMEOUT, AlreadySettled, CorruptValue, ErrorInfo, InvalidOption, LeaseLost, RedisRefused,
     RedisUnavailable,
 )
 from .engine import Lease
+from .models import MaintenanceReport
 from .protocol import Outcome
 from .queue import TaskQueue
 
@@ -114,6 +116,9 @@ class Worker:
         if lock_refresh is not None and lock_refresh >= self.lock_timeout:
             raise InvalidOption(f"lock_refresh ({lock_refresh}) must be shorter than lock_timeout ({self.lock_timeout})")
         self.drain_timeout = drain_timeout
+        check_number("maintenance_interval", maintenance_interval, minimum=0.001, allow_none=False)
+        check_number("maintenance_batch", maintenance_batch, minimum=1, integer=True, allow_none=False,
+                     maximum=protocol.MAX_MAINTAIN_BATCH)
         self.maintenance_interval = maintenance_interval
         self.maintenance_batch = maintenance_batch
         self.idle_poll = idle_poll
@@ -509,29 +514,40 @@ class Worker:
             attempt.task.cancel()
 
     async def _maintenance_loop(self) -> None:
+        """Sweeps paced by what they find (maintenance.Pacing): every interval on a quiet
+        queue, as often as a batch falls due under load, so deletion keeps up with completion."""
+        pacing = maintenance.Pacing(self.maintenance_interval, self.maintenance_batch)
         backoff = BACKOFF_FIRST
+        gap, last_end, bookkeeping_due = pacing.interval, time.monotonic(), 0.0
         while not self._stopping.is_set():
             # Jitter keeps a fleet of workers from sweeping in lockstep.
-            await self._until(self._stopping, self.maintenance_interval * random.uniform(0.5, 1.5))
+            await self._until(self._stopping, gap * random.uniform(0.5, 1.5))
             if self._stopping.is_set():
                 return
             try:
-                await self._maintain_once()
+                start = time.monotonic()
+                bookkeeping = start >= bookkeeping_due  # settings and stats: once an interval, not per pass
+                report = await self._maintain_once(pacing.budget, bookkeeping)
+                end = time.monotonic()
+                gap = pacing.gap(report.touched, end - last_end, end - start, report.more)
+                last_end = end
+                if bookkeeping:
+                    bookkeeping_due = start + pacing.interval
                 backoff = BACKOFF_FIRST
             except Exception as exc:  # noqa: BLE001 - judged in one place
                 self._loop_failed("maintenance", exc, backoff)
                 await self._until(self._stopping, backoff)
                 backoff = min(backoff * 2, BACKOFF_LIMIT)
 
-    async def _maintain_once(self) -> None:
-        await self.queue.refresh_settings()
-        for _ in range(10):  # bounded: at most ten batches per interval
-            report = await self.queue.maintain(batch=self.maintenance_batch)
-            if report.recovered:
-                metrics.STALLS.labels(self._q, "recovered").inc(report.recovered)
-            if report.stalled_failed:
-                metrics.STALLS.labels(self._q, "failed").inc(report.stalled_failed)
-            if not report.more:
-                break
+    async def _maintain_once(self, budget: float, bookkeeping: bool) -> MaintenanceReport:
+        if bookkeeping:
+            await self.queue.refresh_settings()
+        report = await self.queue.sweep(batch=self.maintenance_batch, budget=budget)
+        if report.recovered:
+            metrics.STALLS.labels(self._q, "recovered").inc(report.recovered)
+        if report.stalled_failed:
+            metrics.STALLS.labels(self._q, "failed").inc(report.stalled_failed)
         metrics.MAINTENANCE_LAST.labels(self._q).set(time.time())
-        metrics.record_stats(await self.queue.stats())
+        if bookkeeping:
+            metrics.record_stats(await self.queue.stats())
+        return report

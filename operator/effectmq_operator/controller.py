@@ -29,7 +29,9 @@ from .workqueue import Key, Registry, WorkQueue, key_of, newer
 
 log = logging.getLogger("effectmq.operator")
 MAINTENANCE_BATCH = 200
-MAINTENANCE_ROUNDS = 5  # at most this many batches per poll: bounded whatever the backlog
+# Seconds of sweeping per poll while calls report more: a Queue whose workers are gone
+# still sheds its expired records, and one backlog cannot hold a poll for long.
+MAINTENANCE_BUDGET = 0.5
 SETTINGS_EVERY = 300.0  # queue settings are written when they change, and again this often
 
 
@@ -227,11 +229,8 @@ class QueueController:
             if rt.settings != (target, settings) or time.monotonic() - rt.settings_at > SETTINGS_EVERY:
                 await q.configure(**settings)  # it also wakes idle workers: not on every poll
                 rt.settings, rt.settings_at = (target, settings), time.monotonic()
-            for _ in range(MAINTENANCE_ROUNDS):
-                report = await q.maintain(batch=MAINTENANCE_BATCH)
-                metrics.record_maintenance(q.name, report)
-                if not report.more:
-                    break
+            report = await q.sweep(batch=MAINTENANCE_BATCH, budget=MAINTENANCE_BUDGET)
+            metrics.record_maintenance(q.name, report)
             return await q.stats(), await q.workers(), None
         except asyncio.CancelledError:
             raise

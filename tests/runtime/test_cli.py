@@ -37,3 +37,12 @@ async def test_offer_stats_task_and_dead_letters(redis_url):
     assert cli("cancel", "img-1", *common).returncode == 0
     assert (await q.get("img-1")).state == "canceled"
     await q.close()
+
+
+def test_worker_maintenance_batch_from_the_flag_or_the_environment(monkeypatch):
+    from effectmq.cli import build_parser
+
+    assert build_parser().parse_args(["worker", "m:app"]).maintenance_batch == 100
+    assert build_parser().parse_args(["worker", "m:app", "--maintenance-batch", "500"]).maintenance_batch == 500
+    monkeypatch.setenv("EFFECTMQ_MAINTENANCE_BATCH", "250")  # how the operator would configure a pod
+    assert build_parser().parse_args(["worker", "m:app"]).maintenance_batch == 250

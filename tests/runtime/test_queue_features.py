@@ -228,7 +228,7 @@ def test_sync_facade_has_the_task_queues_signatures():
     import inspect
 
     for name in ("offer", "offer_many", "get", "wait", "cancel", "retry", "pause", "resume", "stats",
-                 "configure", "settings", "maintain", "list_tasks", "dead_letters", "ping"):
+                 "configure", "settings", "maintain", "sweep", "list_tasks", "dead_letters", "ping"):
         sync = inspect.signature(getattr(effectmq.SyncTaskQueue, name))
         native = inspect.signature(getattr(effectmq.TaskQueue, name))
         assert list(sync.parameters.items()) == list(native.parameters.items()), name

@@ -224,9 +224,8 @@ class LocalRunner:
                 w.proc.send_signal(signal.SIGTERM)
 
     async def _maintain(self, lq: LocalQueue) -> None:
-        for _ in range(5):
-            if not (await lq.queue.maintain(batch=200)).more:
-                break
+        # Briefly: this loop also ticks the schedules, and the worker processes sweep too.
+        await lq.queue.sweep(batch=200, budget=0.1)
 
     async def _note_failures(self) -> None:
         for lq in self.queues.values():
