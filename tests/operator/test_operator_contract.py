@@ -307,8 +307,9 @@ def test_reconciling_twice_changes_nothing(kube_control_plane, kube_namespace, s
     start_operator()
     apply(plane, ns, queue_manifest("idle", redis_url, scaling=FAST))
     apply(plane, ns, queue_manifest("broken", down.url, scaling=FAST))
-    wait_for(lambda: is_ready(plane, ns, "queue", "idle"), what="idle Queue Ready")
-    wait_for(lambda: is_ready(plane, ns, "queue", "broken"), what="broken Queue Ready")
+    # generous: the first reconcile waits for the operator's start, slow on a loaded machine
+    wait_for(lambda: is_ready(plane, ns, "queue", "idle"), timeout=90, what="idle Queue Ready")
+    wait_for(lambda: is_ready(plane, ns, "queue", "broken"), timeout=90, what="broken Queue Ready")
     down.stop()
     failing = wait_for(lambda: (q := get(plane, ns, "queue", "broken"))
                        and condition(q, "Ready")["status"] == "False" and q, timeout=20, what="Redis down reported")
