@@ -24,6 +24,26 @@ RETRYABLE_REPLIES = frozenset({
 })
 
 
+# The error codes that redis-py's parser cuts off the reply's text when it picks an
+# exception class for them (redis/_parsers/base.py, EXCEPTION_CLASSES). Newer redis-py
+# (8.x) keeps the code on the exception (`status_code`); 5.x does not, so the class
+# names it. getattr: a name missing from some redis-py version is skipped.
+_CODE_OF_CLASS = {cls: code for name, code in (
+    ("OutOfMemoryError", "OOM"), ("ReadOnlyError", "READONLY"), ("MasterDownError", "MASTERDOWN"),
+    ("TryAgainError", "TRYAGAIN"), ("ClusterDownError", "CLUSTERDOWN"), ("NoScriptError", "NOSCRIPT"),
+    ("NoPermissionError", "NOPERM"), ("ExecAbortError", "EXECABORT"), ("MovedError", "MOVED"),
+    ("AskError", "ASK"), ("ClusterCrossSlotError", "CROSSSLOT"),
+) if (cls := getattr(redis_errors, name, None)) is not None}
+
+
+def _stripped_code(exc: BaseException) -> str | None:
+    """The code of a reply whose text redis-py stripped of it (redis-py 5.x): by its class."""
+    for cls in type(exc).__mro__:  # the most derived first: MovedError is an AskError
+        if cls in _CODE_OF_CLASS:
+            return _CODE_OF_CLASS[cls]
+    return None
+
+
 @dataclass(frozen=True)
 class ReplyClass:
     code: str  # the reply's error code, or CONNECTION / TIMEOUT / AUTH for transport errors
@@ -40,7 +60,8 @@ def classify_reply(exc: BaseException) -> ReplyClass:
         return ReplyClass("AUTH", False)  # a wrong password stays wrong until the process restarts
     if isinstance(exc, redis_errors.ConnectionError):
         return ReplyClass("CONNECTION", True)
-    code = getattr(exc, "status_code", None) or (str(exc).split(" ", 1)[0] if str(exc) else "")
+    code = (getattr(exc, "status_code", None) or _stripped_code(exc)
+            or (str(exc).split(" ", 1)[0] if str(exc) else ""))
     if not code.isupper():
         code = "ERR"
     return ReplyClass(code, code in RETRYABLE_REPLIES)

@@ -28,6 +28,7 @@ Passwords are never shown: messages name the URL through `redact_url`.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -134,7 +135,20 @@ class SentinelRedis(aioredis.Redis):
             manager = getattr(self.connection_pool, "sentinel_manager", None)
             if manager is not None and (close_connection_pool or (close_connection_pool is None
                                                                   and self.auto_close_connection_pool)):
-                await manager.aclose()
+                await _close_sentinels(manager)
+
+
+async def _close_sentinels(manager: Sentinel) -> None:
+    close = getattr(manager, "aclose", None)
+    if close is not None:
+        await close()
+        return
+    # redis-py 5.x has no Sentinel.aclose (newer ones do): close its Sentinel clients as it would
+    # (each one, the first error raised after all are closed).
+    replies = await asyncio.gather(*(sentinel.aclose() for sentinel in manager.sentinels), return_exceptions=True)
+    error = next((r for r in replies if isinstance(r, BaseException)), None)
+    if error is not None:
+        raise error
 
 
 class BlockingSentinelConnectionPool(SentinelConnectionPool, BlockingConnectionPool):

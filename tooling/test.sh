@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Run the test suite on a fresh machine: installs what is missing (Debian packages,
 # a Python virtualenv with the test dependencies), builds or reuses the Kubernetes
-# control plane, then runs pytest. Arguments are passed to pytest.
+# control plane, then runs pytest. Arguments are passed to pytest. The full run then
+# runs the Redis-facing tests again against the oldest redis-py major allowed (5.x).
 #
 #   bash tooling/test.sh                 # everything
 #   bash tooling/test.sh tests/runtime   # a part
+#   EFFECTMQ_REDIS_FLOOR=1 bash tooling/test.sh tests/runtime/test_worker.py  # a part, against both
 set -euo pipefail
 # a real redis-server, libfaketime for the clock-skew tests, and the one-node
 # cluster's node side (tests/fixtures/cluster.py)
@@ -38,7 +40,38 @@ if [ -z "${EFFECTMQ_KSTATUS_BIN:-}" ]; then
 fi
 say "kstatus helper: $EFFECTMQ_KSTATUS_BIN"
 
+# The oldest redis-py major that pyproject.toml allows; the Redis-facing tests run
+# against it too, in a second virtualenv (the main one has the newest redis-py).
+REDIS_FLOOR='redis[hiredis]>=5.0,<6'
+REDIS_TESTS=(tests/runtime tests/scheduler)
+# EFFECTMQ_REDIS_FLOOR: auto (default) runs REDIS_TESTS against REDIS_FLOOR after a
+# run that names no test paths (the full run, as CI does); 1 always does (with the
+# paths given, when there are some); 0 never.
+floor="${EFFECTMQ_REDIS_FLOOR:-auto}"
+if [ "$floor" = auto ]; then
+    floor=1
+    for arg in "$@"; do
+        if [ -e "${arg%%::*}" ]; then floor=0; break; fi  # a test path: a part of the suite
+    done
+    floor_args=("$@" "${REDIS_TESTS[@]}")
+elif [ "$floor" = 1 ]; then
+    floor_args=("$@")
+    [ "$#" -gt 0 ] || floor_args=("${REDIS_TESTS[@]}")
+elif [ "$floor" != 0 ]; then
+    say "EFFECTMQ_REDIS_FLOOR is auto, 1 or 0, not '$floor'"; exit 2
+fi
+if [ "$floor" = 1 ]; then
+    pinned_venv venv_floor redis5 "$REDIS_FLOOR"
+fi
+
 # Two workers (this machine has 2 cores; much of the suite waits on leases and
 # timeouts); a file's tests stay on one worker, so module fixtures are shared.
 # `-n 0` among the arguments runs them in this process.
-exec "$venv/bin/python" -m pytest -n "${EFFECTMQ_TEST_WORKERS:-2}" --dist loadfile "$@"
+status=0
+"$venv/bin/python" -m pytest -n "${EFFECTMQ_TEST_WORKERS:-2}" --dist loadfile "$@" || status=$?
+if [ "$floor" = 1 ]; then
+    say "again against $("$venv_floor/bin/python" -c 'import redis; print("redis-py", redis.__version__)'): ${floor_args[*]}"
+    PATH="$venv_floor/bin:$PATH" "$venv_floor/bin/python" -m pytest -n "${EFFECTMQ_TEST_WORKERS:-2}" --dist loadfile \
+        "${floor_args[@]}" || { floor_status=$?; [ "$status" != 0 ] || status=$floor_status; }
+fi
+exit "$status"
