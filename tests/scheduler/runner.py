@@ -37,6 +37,7 @@ async def main() -> None:
     args = parser.parse_args()
     fault, _, value = args.fault.partition("=")
     existed: dict[str, bool] = {}
+    sent_at: dict[str, float] = {}
 
     def log(entry: dict) -> None:
         if args.log:
@@ -49,11 +50,13 @@ async def main() -> None:
             async with TaskQueue(queue, url=args.url) as q:
                 for task_id in task_ids:
                     existed[task_id] = await q.get(task_id) is not None
+            for task_id in task_ids:  # the offer leaves after this: a task done before it was done first
+                sent_at[task_id] = time.time()
 
     async def after_offer(queue: str, offered) -> None:
         for o in offered:
             log({"task_id": o.task_id, "created": o.created, "record_before_offer": existed.pop(o.task_id, None),
-                 "at": time.time()})
+                 "sent_at": sent_at.pop(o.task_id, None), "at": time.time()})
         if fault == "kill-after-offer":
             os.kill(os.getpid(), signal.SIGKILL)
 
