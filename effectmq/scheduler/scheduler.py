@@ -1,13 +1,13 @@
 """The Scheduler: materializes due cron ticks as ordinary, idempotent queue tasks.
 
-One pass: read the due schedules and Redis time (`due.lua`), decide per schedule
-(`policy.plan`, pure), offer the ticks' tasks with deterministic ids (one
-`offer_many` per queue, OFFERS_IN_FLIGHT at a time), then advance each cursor by
-compare-and-set (`advance.lua`), slice after slice of `batch` schedules until all
-that was due when the pass began is done. Any number of schedulers may run at
-once: offers are idempotent and only one cursor update per decision wins. A
-schedule that cannot run records its error and is retried later; it never holds
-up the others.
+One pass: read the due schedules and Redis time (`due.lua`, then the slices behind
+them), decide per schedule (`policy.plan`, pure), offer the ticks' tasks with
+deterministic ids (per queue, OFFER_SIZE ticks an offer, OFFERS_IN_FLIGHT at a time),
+then advance each cursor by compare-and-set (`advance.lua`), GROUP_SCHEDULES
+schedules at a time until all that was due when the pass began is done. Any number
+of schedulers may run at once: offers are idempotent and only one cursor update per
+decision wins. A schedule that cannot run records its error and is retried later;
+it never holds up the others.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncGenerator, Awaitable, Callable
 
 import redis.asyncio as aioredis
 
-from .. import codec
+from .. import codec, protocol
 from ..errors import EffectMQError, InvalidOption, RedisUnavailable
 from ..models import Offered
 from ..connection import OwnsConnection, connect
@@ -38,8 +38,24 @@ log = logging.getLogger("effectmq.scheduler")
 # so no offer ever reaches Redis long after the Redis time it was decided with.
 PLAN_MAX_AGE = 30.0
 SETTINGS_TTL = 10.0  # seconds a queue's dedup window is cached
-OFFER_CHUNK = 250  # schedules decided before their offers are sent (the next chunk overlaps)
-# Queue offers in flight at once. Each holds a pooled connection for its round trip:
+# Schedules decided before their offers are sent (bounds a pass's memory). A slice of
+# `batch` schedules touches most target queues: offered slice by slice, 10,000
+# schedules over 1,000 queues cost 10,000 offer round trips; grouped, 1,000.
+GROUP_SCHEDULES = 10_000
+# Slices are read ahead only while more queues than this wait for their offer: a slice
+# read ahead costs about 7 ms more than one read by due.lua (a pipeline of 1,000
+# HMGETs; 2 cores), an offer round trip about 0.15 ms, so with few target queues
+# (10,000 schedules over 10) the slices are offered one after another.
+READ_AHEAD_QUEUES = 50
+# Ticks per offer at most: one offer script call (a refused offer is retried one
+# schedule at a time: this also bounds that retry).
+OFFER_SIZE = protocol.OFFER_CHUNK
+# A queue's offer leaves once it holds this many ticks, looked at every DECIDE_CHUNK
+# schedules, so Redis stores them while the rest is decided; smaller ones wait for
+# the end of the group (a round trip costs about as much as a few ticks).
+RIPE_OFFER = 32
+DECIDE_CHUNK = 250
+# Queue calls (offers, settings reads) in flight at once. Each holds a pooled connection:
 # all at once, 1,000 target queues wanted 1,000 connections and most offers failed
 # with "Too many connections"; one single-threaded Redis is no faster past a few dozen.
 OFFERS_IN_FLIGHT = 32
@@ -54,6 +70,7 @@ AfterOffer = Callable[[str, list[Offered]], Awaitable[None]]
 # (an alias: inside Scheduler, "list" names its method)
 Decisions = list["_Decision"]
 Offers = list[Offered]
+Rows = list[Row]
 
 class Scheduler(OwnsConnection):
     """Schedules of one namespace and the passes that materialize their ticks.
@@ -139,21 +156,24 @@ class Scheduler(OwnsConnection):
         Slices read only what was due when the pass began, so a pass ends even while
         its schedules fall due again; what fell due meanwhile is the next pass's
         (`report.more`: `run()` starts it at once). A tick is thus created at most two
-        passes after it fell due; a pass costs about 0.1 ms per due schedule (2 cores,
-        few queues), more when each queue gets few (one offer round trip per queue).
+        passes after it fell due. Up to GROUP_SCHEDULES schedules are decided before
+        their offers leave: about one offer round trip per queue per group.
         """
-        batch = await self.store.due(self.batch)
-        began = batch.now_ms
+        head = await self.store.due(self.batch)
+        began = head.now_ms
         report = TickReport(now=utc_from_ms(began))
         while True:
-            _earliest(report, batch.next_ms)
-            await self._pass(batch, report)
-            if report.more:  # a stale decision: its slice is left due, decided again next pass
+            _earliest(report, head.next_ms)
+            full = len(head.rows) == self.batch  # more may be due behind it: read ahead
+            await self._pass(head, report, upto_ms=began if full else None)
+            if report.more:  # a stale decision: its schedules are left due, decided again next pass
                 return report
-            if len(batch.rows) < self.batch:
-                report.more = batch.next_ms is not None and batch.next_ms <= batch.now_ms
+            if not full:
+                report.more = head.next_ms is not None and head.next_ms <= head.now_ms
                 return report
-            batch = await self.store.due(self.batch, upto_ms=began)
+            # Again from the head: what the group left due (a schedule passed over by a
+            # read ahead, one that moved between reads) is read before the pass ends.
+            head = await self.store.due(self.batch, upto_ms=began)
 
     async def run(self, *, interval: float = 1.0, stop: asyncio.Event | None = None,
                   on_pass: Callable[[TickReport], Any] | None = None) -> None:
@@ -184,35 +204,54 @@ class Scheduler(OwnsConnection):
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), wait)
 
-    # -- one batch -----------------------------------------------------------------
+    # -- one group of due schedules ------------------------------------------------
 
-    async def _pass(self, batch: DueBatch, report: TickReport) -> None:
-        """Decide, offer, then advance the cursors of one batch of due schedules."""
-        decided_at = time.monotonic()
-        report.examined += len(batch.rows)
-        decide = _Decider(self, batch.now_ms, report)
-        offers: list[tuple[list[_Decision], asyncio.Future]] = []
-        for start in range(0, len(batch.rows), OFFER_CHUNK):
-            groups = await decide(batch.rows[start:start + OFFER_CHUNK])
-            # One round trip per queue, sent while the next chunk is being decided.
-            offers += [(group, asyncio.ensure_future(self._offer(queue, group, decided_at, report)))
-                       for queue, group in groups.items()]
-            await asyncio.sleep(0)
+    async def _pass(self, head: DueBatch, report: TickReport, *, upto_ms: int | None = None) -> None:
+        """Decide, offer, then advance the cursors of a group of due schedules: `head`
+        and, with `upto_ms`, the slices due behind it, up to GROUP_SCHEDULES in all."""
+        decided_at = time.monotonic()  # just after the group's oldest Redis time was read
+        decide = _Decider(self, report)
+        outbox = _Outbox(lambda queue, group: self._offer(queue, group, decided_at, report))
+
+        def read_ahead(held: int) -> bool:
+            # while it saves offers, the group has room, and its decisions are young
+            # enough to be offered once it is decided
+            return (outbox.waiting > READ_AHEAD_QUEUES and held + self.batch <= GROUP_SCHEDULES
+                    and time.monotonic() - decided_at < PLAN_MAX_AGE / 3)
+
+        try:
+            async with contextlib.aclosing(self._slices(head, upto_ms, read_ahead)) as slices:
+                async for now, rows in slices:
+                    report.examined += len(rows)
+                    specs = [self._spec(row) for row in rows]
+                    max_ages = await self._max_ages({s.queue for s in specs if isinstance(s, ScheduleSpec)})
+                    for start in range(0, len(rows), DECIDE_CHUNK):
+                        end = start + DECIDE_CHUNK
+                        for decision in decide(now, rows[start:end], specs[start:end], max_ages):
+                            outbox.add(decision)
+                        outbox.post_ripe()
+                        await asyncio.sleep(0)  # let the offers posted leave
+            outbox.flush()
+            answers = await outbox.answers()
+        except BaseException:
+            await outbox.cancel()  # no cursor moves: the offers were idempotent
+            raise
 
         outcomes = decide.settled
-        answers = await asyncio.gather(*(sent for _group, sent in offers), return_exceptions=True)
         for answer in answers:
             if isinstance(answer, BaseException):
                 raise answer  # a bug or a hook's fault: no cursor moves; the offers were idempotent
-        for (group, _sent), failed in zip(offers, answers):
+        for group, failed in zip(outbox.groups, answers):
             if not isinstance(failed, dict):  # None (BaseExceptions were raised above)
                 report.more = True  # decided too long ago to offer: left due, decided again
                 continue
             for d in group:
-                outcomes.append(self._failure(d.row, failed[d.row.id], batch.now_ms, report) if d.row.id in failed
+                outcomes.append(self._failure(d.row, failed[d.row.id], d.now, report) if d.row.id in failed
                                 else d.outcome())
 
-        results = await self.store.advance(outcomes)
+        results: list[int] = []
+        for start in range(0, len(outcomes), self.batch):  # advance.lua calls no larger than a slice
+            results += await self.store.advance(outcomes[start:start + self.batch])
         for outcome, result in zip(outcomes, results):
             if result == LOST:
                 report.lost += 1
@@ -220,6 +259,22 @@ class Scheduler(OwnsConnection):
                 log.warning("schedule %r: Redis time went backwards; cursor not advanced", outcome.id)
             if result == APPLIED:
                 _earliest(report, outcome.score)
+
+    async def _slices(self, head: DueBatch, upto_ms: int | None,
+                      read_ahead: Callable[[int], bool]) -> AsyncGenerator[tuple[int, Rows], None]:
+        """(Redis time, rows) of `head`, then, with `upto_ms` and while `read_ahead(rows
+        so far)`, of the slices due behind it: each schedule once."""
+        batch, position, more = head, len(head.rows), upto_ms is not None
+        seen: set[str] = set()
+        while True:
+            rows = [row for row in batch.rows if row.id not in seen]  # one moved between reads comes again
+            seen.update(row.id for row in rows)
+            yield batch.now_ms, rows
+            if not more or not read_ahead(len(seen)):
+                return
+            assert upto_ms is not None
+            batch, covered = await self.store.due_after(position, self.batch, upto_ms)
+            position, more = position + covered, covered == self.batch
 
     async def _offer(self, queue_name: str, group: Decisions, decided_at: float,
                      report: TickReport) -> dict[str, str] | None:
@@ -298,54 +353,109 @@ class Scheduler(OwnsConnection):
             queue = self._queues[name] = TaskQueue(name, redis=self.redis, prefix=self.prefix)
         return queue
 
-    async def _max_age(self, queue_name: str) -> float:
-        """How old a tick may be and still be offered: the queue's dedup window, less
-        the time a decision may take to reach Redis, so a finished tick's id is
-        always still reserved when it is offered again."""
-        cached = self._dedup.get(queue_name)
-        if cached is None or cached[0] < time.monotonic():
+    async def _max_ages(self, queues: set[str]) -> dict[str, float]:
+        """How old a tick may be and still be offered, per queue: the queue's dedup
+        window, less the time a decision may take to reach Redis, so a finished tick's
+        id is always still reserved when it is offered again. Windows are cached for
+        SETTINGS_TTL; the ones missing are read concurrently (a cold pass over 1,000
+        queues read them one after another)."""
+        now = time.monotonic()
+        missing = [q for q in queues if q not in self._dedup or self._dedup[q][0] < now]
+        read = await asyncio.gather(*(self._dedup_window(q) for q in missing), return_exceptions=True)
+        for queue, window in zip(missing, read):
+            if isinstance(window, BaseException):
+                raise window
+            self._dedup[queue] = (now + SETTINGS_TTL, window)
+        windows = {q: self._dedup[q][1] for q in queues}
+        return {q: max(w - 2 * PLAN_MAX_AGE, w / 2) for q, w in windows.items()}
+
+    async def _dedup_window(self, queue_name: str) -> float:
+        async with self._in_flight:  # see OFFERS_IN_FLIGHT
             stored = (await self._queue(queue_name).settings()).get("dedup_window")
-            window = stored if stored else DEFAULT_DEDUP_WINDOW
-            self._dedup[queue_name] = cached = (time.monotonic() + SETTINGS_TTL, window)
-        window = cached[1]
-        return max(window - 2 * PLAN_MAX_AGE, window / 2)
+        return stored if stored else DEFAULT_DEDUP_WINDOW
 
 
 class _Decider:
-    """Turns due rows into decisions, grouped by queue, within one pass (same Redis time)."""
+    """Turns due rows into decisions within one group of a pass: pure, no I/O (the
+    queues' max ages are read before)."""
 
-    def __init__(self, scheduler: Scheduler, now_ms: int, report: TickReport):
+    def __init__(self, scheduler: Scheduler, report: TickReport):
         self.scheduler = scheduler
-        self.now = now_ms
         self.report = report
         self.settled: list[Outcome] = []  # outcomes decided without an offer
-        self._max_ages: dict[str, float] = {}
         # Schedules with the same cron, zone and policy usually share their cursor (the
         # last tick they all fired at): the decision is made once for all of them.
         self._plans: dict[tuple, policy.Plan] = {}
 
-    async def __call__(self, rows: list[Row]) -> dict[str, list["_Decision"]]:
-        groups: dict[str, list[_Decision]] = defaultdict(list)
-        for row in rows:
-            spec = self.scheduler._spec(row)
+    def __call__(self, now: int, rows: list[Row], specs: list[ScheduleSpec | InvalidSchedule],
+                 max_ages: dict[str, float]) -> list["_Decision"]:
+        """Decisions at Redis time `now` for the rows (and their parsed definitions) to offer."""
+        decisions = []
+        for row, spec in zip(rows, specs):
             if row.cursor_ms is None and not isinstance(spec, InvalidSchedule):
                 spec = InvalidSchedule(f"schedule {row.id!r}: stored cursor is not a number of milliseconds")
             if isinstance(spec, InvalidSchedule) or row.cursor_ms is None:
-                self.settled.append(self.scheduler._failure(row, str(spec), self.now, self.report))
+                self.settled.append(self.scheduler._failure(row, str(spec), now, self.report))
                 continue
             if spec.suspend:  # a suspended schedule has no business in the due set
                 self.settled.append(Outcome(row.id, row.version, row.cursor_ms, row.cursor_ms, None))
                 continue
-            max_age = self._max_ages.get(spec.queue)
-            if max_age is None:
-                max_age = self._max_ages[spec.queue] = await self.scheduler._max_age(spec.queue)
-            key = (spec.timeline, spec.missed_policy, row.cursor_ms, max_age)
+            max_age = max_ages[spec.queue]
+            key = (now, spec.timeline, spec.missed_policy, row.cursor_ms, max_age)
             plan = self._plans.get(key)
             if plan is None:
-                plan = self._plans[key] = policy.plan(spec.timeline, row.cursor_ms, self.now, spec.missed_policy,
+                plan = self._plans[key] = policy.plan(spec.timeline, row.cursor_ms, now, spec.missed_policy,
                                                       max_age=max_age)
-            groups[spec.queue].append(_Decision(row, spec, plan, [spec.offer(t, self.now) for t in plan.ticks]))
-        return groups
+            decisions.append(_Decision(row, spec, plan, [spec.offer(t, now) for t in plan.ticks], now))
+        return decisions
+
+
+class _Outbox:
+    """Decisions waiting for their queue's offer: one leaves when it is full
+    (OFFER_SIZE ticks) or ripe (RIPE_OFFER, when asked), the rest when the group is
+    decided: for thinly spread ticks, one round trip per queue per group rather than
+    per slice."""
+
+    def __init__(self, send: Callable[[str, Decisions], Awaitable[dict[str, str] | None]]):
+        self._send = send
+        self._waiting: dict[str, Decisions] = defaultdict(list)
+        self._ticks: dict[str, int] = defaultdict(int)
+        self.groups: list[Decisions] = []  # what each sent offer carries
+        self._sent: list[asyncio.Future] = []
+
+    @property
+    def waiting(self) -> int:
+        """Queues whose offer is not sent yet."""
+        return len(self._waiting)
+
+    def add(self, decision: "_Decision") -> None:
+        queue = decision.spec.queue
+        self._waiting[queue].append(decision)
+        self._ticks[queue] += len(decision.items)
+        if self._ticks[queue] >= OFFER_SIZE:
+            self._post(queue)
+
+    def post_ripe(self) -> None:
+        for queue in [q for q, ticks in self._ticks.items() if ticks >= RIPE_OFFER]:
+            self._post(queue)
+
+    def flush(self) -> None:
+        for queue in list(self._waiting):
+            self._post(queue)
+
+    def _post(self, queue: str) -> None:
+        del self._ticks[queue]
+        self.groups.append(self._waiting.pop(queue))
+        self._sent.append(asyncio.ensure_future(self._send(queue, self.groups[-1])))
+
+    async def answers(self) -> list[Any]:
+        """Each sent offer's answer (see Scheduler._offer) or exception, in order."""
+        return await asyncio.gather(*self._sent, return_exceptions=True)
+
+    async def cancel(self) -> None:
+        for sent in self._sent:
+            sent.cancel()
+        await asyncio.gather(*self._sent, return_exceptions=True)
 
 
 class _StaleDecision(Exception):
@@ -360,6 +470,7 @@ class _Decision:
     spec: ScheduleSpec
     plan: policy.Plan
     items: list[dict]  # TaskQueue.offer_many items, one per planned tick
+    now: int  # the Redis time (ms) it was decided at
 
     def outcome(self) -> Outcome:
         plan = self.plan

@@ -142,16 +142,37 @@ class ScheduleStore:
         upcoming = int(float(reply[1]))
         return DueBatch(int(reply[0]), None if upcoming < 0 else upcoming, rows)
 
+    async def due_after(self, skip: int, batch: int, upto_ms: int) -> tuple[DueBatch, int]:
+        """The next `batch` schedules due at `upto_ms` after the first `skip` ones (read
+        by this pass and not advanced yet), and how many due entries that covered: a
+        pass reads several slices before it offers their ticks.
+
+        Unlike `due`, the rows are read after their ids (atomically with Redis time): a
+        row advanced in between is decided from its new cursor, as with `rows`. An
+        entry whose hash is gone or lacks a version or cursor is passed over; the next
+        `due` call removes or repairs it.
+        """
+        ids = await self._read(self.client.zrangebyscore(self.keys[1], "-inf", upto_ms, start=skip, num=batch))
+        now, hashes = await self._hashes(ids)
+        rows = [Row(i, spec, version, _int(cursor)) for i, (spec, version, cursor) in zip(ids, hashes)
+                if spec is not None and version is not None and cursor is not None]
+        return DueBatch(now, None, rows), len(ids)
+
     async def rows(self, ids: Sequence[str]) -> DueBatch:
         """Chosen schedules, read atomically with Redis time (as `due` would return them)."""
+        now, hashes = await self._hashes(ids)
+        rows = [Row(i, r[0], r[1] or "", _int(r[2])) for i, r in zip(ids, hashes) if r[0] is not None]
+        return DueBatch(now, None, rows)
+
+    async def _hashes(self, ids: Sequence[str]) -> tuple[int, list[list[str | None]]]:
+        """Redis time (ms) and each schedule's spec, version and cursor, in one transaction."""
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.time()
             for schedule_id in ids:
                 pipe.hmget(self.key(schedule_id), "spec", "version", "cursor")
             replies = await self._read(pipe.execute())
         seconds, micros = replies[0]
-        rows = [Row(i, r[0], r[1] or "", _int(r[2])) for i, r in zip(ids, replies[1:]) if r[0] is not None]
-        return DueBatch(int(seconds) * 1000 + int(micros) // 1000, None, rows)
+        return int(seconds) * 1000 + int(micros) // 1000, replies[1:]
 
     async def ping(self) -> None:
         await self._read(self.client.ping())

@@ -2,7 +2,10 @@
 more due schedules than any slice, and passes that end while schedules keep firing."""
 
 import asyncio
+import importlib
+import json
 import time
+from collections import Counter
 
 import effectmq
 from effectmq.scheduler import Scheduler, ScheduleSpec
@@ -10,6 +13,7 @@ from effectmq.scheduler import Scheduler, ScheduleSpec
 from .support import Z, redis_now_ms
 
 HOURLY = "0 * * * *"
+SCHEDULER = importlib.import_module("effectmq.scheduler.scheduler")
 
 
 async def put_many(scheduler: Scheduler, specs: list[ScheduleSpec]) -> None:
@@ -44,23 +48,31 @@ async def queued_ids(scheduler: Scheduler, queues: list[str]) -> dict[str, list[
     return out
 
 
-async def test_ten_thousand_schedules_over_a_thousand_queues_in_one_pass(scheduler):
+async def test_ten_thousand_schedules_over_a_thousand_queues_in_one_pass(redis_url):
     n, queues = 10_000, 1_000
-    specs = [ScheduleSpec(id=f"wide/{i:05d}", queue=f"wide-{i % queues:04d}", cron=HOURLY, task="work")
-             for i in range(n)]
-    await put_many(scheduler, specs)
-    boundary = await make_one_tick_due(scheduler, [s.id for s in specs])
+    offers: Counter[str] = Counter()
 
-    started = time.monotonic()
-    report = await scheduler.tick()
-    elapsed = time.monotonic() - started
+    async def count(queue, offered):
+        offers[queue] += 1
 
-    assert not report.errors, f"{len(report.errors)} errors, e.g. {next(iter(report.errors.items()))}"
-    assert report.created == n and not report.more
-    expected: dict[str, list[str]] = {f"wide-{q:04d}": [] for q in range(queues)}
-    for s in specs:
-        expected[s.queue].append(f"{s.id}/{Z(boundary)}")
-    assert await queued_ids(scheduler, list(expected)) == {q: sorted(ids) for q, ids in expected.items()}
+    async with Scheduler(redis_url, namespace="test", after_offer=count) as scheduler:
+        specs = [ScheduleSpec(id=f"wide/{i:05d}", queue=f"wide-{i % queues:04d}", cron=HOURLY, task="work")
+                 for i in range(n)]
+        await put_many(scheduler, specs)
+        boundary = await make_one_tick_due(scheduler, [s.id for s in specs])
+
+        started = time.monotonic()
+        report = await scheduler.tick()
+        elapsed = time.monotonic() - started
+
+        assert not report.errors, f"{len(report.errors)} errors, e.g. {next(iter(report.errors.items()))}"
+        assert report.created == n and not report.more
+        # the 10 slices are decided before their offers leave: one offer per queue, not one per slice
+        assert len(offers) == queues and set(offers.values()) == {1}
+        expected: dict[str, list[str]] = {f"wide-{q:04d}": [] for q in range(queues)}
+        for s in specs:
+            expected[s.queue].append(f"{s.id}/{Z(boundary)}")
+        assert await queued_ids(scheduler, list(expected)) == {q: sorted(ids) for q, ids in expected.items()}
     assert elapsed < 5, f"one pass over {n} schedules and {queues} queues took {elapsed:.2f}s"
 
 
@@ -78,21 +90,74 @@ async def test_a_pass_materializes_more_due_schedules_than_any_fixed_cap(schedul
     assert (await scheduler.tick()).examined == 0  # nothing left behind for a later pass
 
 
-async def test_a_pass_ends_although_its_schedules_fall_due_again_meanwhile(redis_url):
+async def test_a_pass_ends_although_its_schedules_fall_due_again_meanwhile(redis_url, monkeypatch):
     """A pass slower than the schedules' period examines each schedule once, then
     ends: what fell due meanwhile is the next pass's, which is due at once."""
 
     async def slow_offer(queue, task_ids):
         await asyncio.sleep(0.4)
 
+    monkeypatch.setattr(SCHEDULER, "GROUP_SCHEDULES", 2)  # slices of 1, groups of 2: an offer per group
+    monkeypatch.setattr(SCHEDULER, "READ_AHEAD_QUEUES", 0)  # read ahead although all go to one queue
     async with Scheduler(redis_url, namespace="slow", batch=1, before_offer=slow_offer) as scheduler:
         specs = [ScheduleSpec(id=f"slow/{i}", queue="slow", cron="* * * * * *", task="work") for i in range(5)]
         await put_many(scheduler, specs)
         await asyncio.wait_for(scheduler.tick(), 20)  # settles them: next second, and every second after
         await asyncio.sleep(1.1)
-        report = await asyncio.wait_for(scheduler.tick(), 20)  # 5 slices of >= 0.4 s: longer than 1 s
+        report = await asyncio.wait_for(scheduler.tick(), 20)  # 3 groups of >= 0.4 s: longer than 1 s
         assert report.examined == 5 and not report.errors
         assert {m.schedule_id for m in report.materialized} == {s.id for s in specs}
         # the ticks that fell due during the pass make the next pass due at once
         assert report.more
         assert report.next_due is not None and report.next_due.timestamp() * 1000 <= await redis_now_ms(scheduler)
+
+
+async def test_a_read_ahead_passes_over_what_only_due_repairs_and_the_pass_still_reads_it(redis_url, monkeypatch):
+    """Slices behind the first are read without due.lua: a hash written by hand
+    without version or cursor, or an entry whose hash is gone, is left to the read
+    from the head that ends the pass (which repairs or removes it)."""
+    monkeypatch.setattr(SCHEDULER, "READ_AHEAD_QUEUES", 0)
+    async with Scheduler(redis_url, namespace="ahead", batch=4) as scheduler:
+        specs = [ScheduleSpec(id=f"ahead/{i:02d}", queue="ahead", cron=HOURLY, task="work") for i in range(10)]
+        await put_many(scheduler, specs)
+        boundary = await make_one_tick_due(scheduler, [s.id for s in specs])
+        # read ahead: 04 05 05x 06 | 07 07x 08 09
+        hand = ScheduleSpec(id="ahead/05x", queue="ahead", cron=HOURLY, task="work").to_json()
+        await scheduler.redis.hset(scheduler.store.key("ahead/05x"), "spec", json.dumps(hand))
+        await scheduler.redis.zadd(scheduler.store.keys[1], {"ahead/05x": 0, "ahead/07x": 0})
+
+        report = await scheduler.tick()
+
+        assert not report.errors and not report.more and report.lost == 0
+        assert sorted(m.task_id for m in report.materialized) == [f"{s.id}/{Z(boundary)}" for s in specs]
+        assert report.examined == 11  # ahead/05x once, repaired: it starts from now (nothing due)
+        repaired = await scheduler.status("ahead/05x")
+        assert repaired is not None and repaired.next_tick is not None and not repaired.last_error
+        assert await scheduler.redis.zscore(scheduler.store.keys[1], "ahead/07x") is None
+
+
+async def test_a_schedule_that_moves_between_reads_is_decided_once(redis_url, monkeypatch):
+    """Reads ahead go by position among the due entries; an entry put at the head
+    meanwhile (another process's put) shifts them: the row read twice is decided
+    once, and the new one is read from the head before the pass ends."""
+    monkeypatch.setattr(SCHEDULER, "READ_AHEAD_QUEUES", 0)
+    async with Scheduler(redis_url, namespace="moves", batch=10) as scheduler:
+        specs = [ScheduleSpec(id=f"moves/{i:02d}", queue="moves", cron=HOURLY, task="work") for i in range(25)]
+        await put_many(scheduler, specs)
+        boundary = await make_one_tick_due(scheduler, [s.id for s in specs])
+        read_ahead = scheduler.store.due_after
+        early = ScheduleSpec(id="moves/-early", queue="moves", cron=HOURLY, task="work")  # sorts first
+
+        async def put_meanwhile(skip, batch, upto_ms):
+            if skip == 10:
+                await scheduler.store.put(early)  # due at once (score 0), before all others
+            return await read_ahead(skip, batch, upto_ms)
+
+        scheduler.store.due_after = put_meanwhile  # type: ignore[method-assign]
+        report = await scheduler.tick()
+
+        assert not report.errors and not report.more and report.lost == 0
+        assert sorted(m.task_id for m in report.materialized) == [f"{s.id}/{Z(boundary)}" for s in specs]
+        assert report.examined == 26
+        status = await scheduler.status(early.id)
+        assert status is not None and status.next_tick is not None
