@@ -28,6 +28,7 @@ import redis  # noqa: E402
 from bench._redis import calls_delta, command_calls, private_redis  # noqa: E402
 from effectmq.scheduler import Scheduler, ScheduleSpec, timeline  # noqa: E402
 from effectmq.scheduler.policy import MissedPolicy, plan  # noqa: E402
+from tests.scheduler.support import make_one_tick_due  # noqa: E402
 
 NAMESPACE = "bench"
 
@@ -35,22 +36,6 @@ NAMESPACE = "bench"
 def specs(n: int) -> list[ScheduleSpec]:
     return [ScheduleSpec(id=f"bench/{i:06d}", queue=f"bench-{i % 10}", cron="* * * * *", task="report",
                          timezone="UTC" if i % 2 else "Europe/Berlin", payload={"n": i}) for i in range(n)]
-
-
-async def make_one_tick_due(scheduler: Scheduler, ids: list[str]) -> int:
-    """Every cursor just before the latest minute boundary; returns that boundary (s)."""
-    while True:  # leave room before the next boundary so exactly one tick is due
-        seconds, _ = await scheduler.redis.time()
-        if seconds % 60 < 40:
-            break
-        await asyncio.sleep(1)
-    boundary = seconds - seconds % 60
-    async with scheduler.redis.pipeline(transaction=False) as pipe:
-        for sid in ids:
-            pipe.hset(scheduler.store.key(sid), "cursor", boundary * 1000 - 1)
-            pipe.zadd(scheduler.store.keys[1], {sid: 0})
-        await pipe.execute()
-    return boundary
 
 
 async def empty_queues(scheduler: Scheduler) -> None:
@@ -91,7 +76,7 @@ async def run(url: str, n: int, batch: int, idle_passes: int) -> dict:
 
         async with Scheduler(url, namespace=NAMESPACE, batch=batch) as cold:
             await empty_queues(cold)
-            boundary = await make_one_tick_due(cold, ids)
+            boundary = await make_one_tick_due(cold, ids, period=60, margin=20)
             before = command_calls(sync)
             seconds, report = await timed_tick(cold)
             delta = calls_delta(before, command_calls(sync))
@@ -103,7 +88,7 @@ async def run(url: str, n: int, batch: int, idle_passes: int) -> dict:
 
             # again with definitions cached
             await empty_queues(cold)
-            await make_one_tick_due(cold, ids)
+            await make_one_tick_due(cold, ids, period=60, margin=20)
             seconds, report = await timed_tick(cold)
             assert report.created == n, report.created
             out["due_pass_warm_s"] = seconds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -13,6 +14,25 @@ from effectmq.scheduler import Scheduler
 from tests.support.operator import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+async def make_one_tick_due(scheduler: Scheduler, ids: list[str], period: int = 3600, margin: int = 30) -> int:
+    """Every cursor just before the latest `period` boundary (seconds; the schedules
+    fire once per period), so exactly one tick is due per schedule, missed. Waits while
+    the next boundary is closer than `margin`. Returns that boundary (s). Used by
+    tests/scheduler/test_scale.py and bench/schedules.py."""
+    while True:  # not so close to the next boundary that a second tick falls due meanwhile
+        seconds, _ = await scheduler.redis.time()
+        if seconds % period < period - margin:
+            break
+        await asyncio.sleep(1)
+    boundary = seconds - seconds % period
+    async with scheduler.redis.pipeline(transaction=False) as pipe:
+        for sid in ids:
+            pipe.hset(scheduler.store.key(sid), "cursor", boundary * 1000 - 1)
+            pipe.zadd(scheduler.store.keys[1], {sid: 0})
+        await pipe.execute()
+    return boundary
 
 
 def T(text: str) -> int:

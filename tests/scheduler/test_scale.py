@@ -10,7 +10,7 @@ from collections import Counter
 import effectmq
 from effectmq.scheduler import Scheduler, ScheduleSpec
 
-from .support import Z, redis_now_ms
+from .support import Z, make_one_tick_due, redis_now_ms
 
 HOURLY = "0 * * * *"
 SCHEDULER = importlib.import_module("effectmq.scheduler.scheduler")
@@ -20,23 +20,6 @@ async def put_many(scheduler: Scheduler, specs: list[ScheduleSpec]) -> None:
     """Store definitions without settling them (a pass settles them all at once)."""
     for i in range(0, len(specs), 50):
         await asyncio.gather(*(scheduler.store.put(s) for s in specs[i:i + 50]))
-
-
-async def make_one_tick_due(scheduler: Scheduler, ids: list[str]) -> int:
-    """Every cursor just before the latest hour boundary: one hourly tick due per
-    schedule (missed, so coalesced into one task). Returns that boundary (s)."""
-    while True:  # not so close to the next hour that a second tick falls due mid-test
-        seconds, _ = await scheduler.redis.time()
-        if seconds % 3600 < 3570:
-            break
-        await asyncio.sleep(1)
-    boundary = seconds - seconds % 3600
-    async with scheduler.redis.pipeline(transaction=False) as pipe:
-        for sid in ids:
-            pipe.hset(scheduler.store.key(sid), "cursor", boundary * 1000 - 1)
-            pipe.zadd(scheduler.store.keys[1], {sid: 0})
-        await pipe.execute()
-    return boundary
 
 
 async def queued_ids(scheduler: Scheduler, queues: list[str]) -> dict[str, list[str]]:
