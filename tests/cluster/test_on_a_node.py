@@ -48,6 +48,13 @@ def scale(cluster, **scaling: int) -> None:
     patch(cluster, "queue", "emails", {"spec": {"scaling": scaling}})
 
 
+def operator_pods(cluster) -> list[dict]:
+    """The pods of the chart's operator Deployment (by its own selector)."""
+    deployment = cluster.kubectl_json("get", "deployment", RELEASE, "-n", NS)
+    selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+    return cluster.kubectl_json("get", "pods", "-n", NS, "-l", selector)["items"]
+
+
 def worker_pods(cluster) -> list[dict]:
     return cluster.kubectl_json("get", "pods", "-n", NS, "-l", WORKERS)["items"]
 
@@ -149,9 +156,7 @@ def q(redis_url):
 
 def test_operator_runs_from_its_image_restricted_and_reconciles(release):
     c = release
-    deployment = c.kubectl_json("get", "deployment", RELEASE, "-n", NS)
-    selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
-    (pod,) = c.kubectl_json("get", "pods", "-n", NS, "-l", selector)["items"]
+    (pod,) = operator_pods(c)
     spec, (container,) = pod["spec"], pod["spec"]["containers"]
     assert spec["serviceAccountName"] == RELEASE
     assert c.kubectl("get", "serviceaccount", RELEASE, "-n", NS).returncode == 0
@@ -239,14 +244,12 @@ def test_force_deleted_pod_mid_task_stalls_once_and_the_task_completes_elsewhere
 
 def test_deleted_operator_pod_comes_back_and_scaling_goes_on(release, q):
     c = release
-    deployment = c.kubectl_json("get", "deployment", RELEASE, "-n", NS)
-    selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
-    (old,) = [p["metadata"]["name"] for p in c.kubectl_json("get", "pods", "-n", NS, "-l", selector)["items"]]
+    (old,) = [p["metadata"]["name"] for p in operator_pods(c)]
     wait_for(lambda: deployment_replicas(c) == 0, timeout=90, what="idle before the test")
     c.kubectl("delete", "pod", old, "-n", NS, "--wait=false")
     c.kubectl("rollout", "status", f"deployment/{RELEASE}", "-n", NS, "--timeout=120s")
-    new = wait_for(lambda: [p["metadata"]["name"] for p in c.kubectl_json("get", "pods", "-n", NS, "-l", selector)[
-        "items"] if ready(p) and p["metadata"]["name"] != old], timeout=120, what="a new operator pod Ready")
+    new = wait_for(lambda: [p["metadata"]["name"] for p in operator_pods(c) if ready(p) and p["metadata"]["name"] != old],
+                   timeout=120, what="a new operator pod Ready")
     assert new and old not in new
     with Sampler(c) as sampler:
         offered = q.offer_many(("send_email", {"to": f"again{i}@example.com"}) for i in range(300))
@@ -283,13 +286,11 @@ def test_schedule_ticks_run_as_tasks_in_worker_pods_one_task_per_tick(release, q
 
 def test_helm_upgrade_rolls_the_operator_and_uninstall_leaves_only_crds_and_redis_data(release):
     c = release
-    deployment = c.kubectl_json("get", "deployment", RELEASE, "-n", NS)
-    selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
-    before = {p["metadata"]["name"] for p in c.kubectl_json("get", "pods", "-n", NS, "-l", selector)["items"]}
+    before = {p["metadata"]["name"] for p in operator_pods(c)}
     c.helm("upgrade", RELEASE, str(CHART), "--namespace", NS, "--reuse-values", "--set", "verbose=true",
            "--wait", "--timeout", "180s")
     def rolled():
-        pods = c.kubectl_json("get", "pods", "-n", NS, "-l", selector)["items"]
+        pods = operator_pods(c)
         return pods if len(pods) == 1 and pods[0]["metadata"]["name"] not in before and ready(pods[0]) else None
 
     (pod,) = wait_for(rolled, timeout=90, what="the operator rolled: one new pod, the old one gone")
