@@ -9,7 +9,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
+from redis.asyncio.cluster import RedisCluster
 
+from .cluster import cluster_client, is_cluster_url
 from .errors import InvalidOption, RedisRefused, RedisUnavailable
 from .redaction import INVALID_URL, SECRET_OPTIONS, redact_url, scrub, url_secrets
 from .sentinel import is_sentinel_url, sentinel_client
@@ -19,9 +21,15 @@ GIVEN_CLIENT = "the given client"  # how messages name a client passed in withou
 TRANSPORT_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError)
 # Error replies that mean "not now": the command did not run and the same call can be
 # sent again later. (A script's first write is refused before it changes anything.)
+# MOVED and ASK reach a caller only when a cluster client gave up following a slot
+# that kept moving, or from a plain client to a cluster node (the message says so).
 RETRYABLE_REPLIES = frozenset({
     "OOM", "BUSY", "READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "MISCONF", "NOREPLICAS",
+    "MOVED", "ASK",
 })
+# How messages name redis-py's own cluster errors that are not replies: a slot no master
+# serves (during a failover) or a slot map no seed node could give.
+CLUSTER = "CLUSTER"
 
 
 # The error codes that redis-py's parser cuts off the reply's text when it picks an
@@ -52,6 +60,12 @@ class ReplyClass:
 
 def classify_reply(exc: BaseException) -> ReplyClass:
     """How a worker loop treats what redis-py raised: back off and retry, or give up."""
+    if isinstance(exc, redis_errors.RedisClusterException):  # not a RedisError: no reply behind it
+        transient = (isinstance(exc, redis_errors.SlotNotCoveredError)
+                     or isinstance(exc.__cause__, TRANSPORT_ERRORS))
+        return ReplyClass(CLUSTER, transient)
+    if isinstance(exc, redis_errors.ClusterError) and not isinstance(exc, redis_errors.ClusterDownError):
+        return ReplyClass(CLUSTER, True)  # redirected too often (a slot moving): as TRYAGAIN
     if isinstance(exc, redis_errors.TimeoutError):
         return ReplyClass("TIMEOUT", True)
     if isinstance(exc, redis_errors.BusyLoadingError):
@@ -67,10 +81,17 @@ def classify_reply(exc: BaseException) -> ReplyClass:
     return ReplyClass(code, code in RETRYABLE_REPLIES)
 
 
+def client_settings(client: aioredis.Redis | RedisCluster) -> dict[str, Any]:
+    """The connection options of a client (a cluster client's apply to every node)."""
+    if isinstance(client, RedisCluster):
+        return client.get_connection_kwargs()
+    return client.connection_pool.connection_kwargs
+
+
 @dataclass(frozen=True)
 class TlsOptions:
     """TLS to Redis: `enabled` upgrades redis:// to rediss:// (redis+sentinel:// to
-    rediss+sentinel://); `ca_file` or `ca_data`
+    rediss+sentinel://, redis+cluster:// to rediss+cluster://); `ca_file` or `ca_data`
     (PEM) name the CA that signs the server; `insecure` skips verification."""
 
     enabled: bool = False
@@ -88,9 +109,9 @@ class TlsOptions:
     def apply(self, url: str) -> tuple[str, dict[str, Any]]:
         """The URL (rediss:// when enabled) and the client's TLS keyword arguments."""
         options: dict[str, Any] = {}
-        if self.enabled and url.startswith(("redis://", "redis+sentinel://")):
+        if self.enabled and url.startswith(("redis://", "redis+sentinel://", "redis+cluster://")):
             url = "rediss" + url[len("redis"):]
-        if url.startswith(("rediss://", "rediss+sentinel://")):
+        if url.startswith(("rediss://", "rediss+sentinel://", "rediss+cluster://")):
             if self.ca_file:
                 options["ssl_ca_certs"] = self.ca_file
             if self.ca_data:
@@ -101,30 +122,36 @@ class TlsOptions:
         return url, options
 
 
-def connect(client: aioredis.Redis | None = None, url: str | None = None, *, max_connections: int | None = None,
-            socket_timeout: float | None = 15.0, tls: TlsOptions | None = None) -> tuple[aioredis.Redis, bool, str]:
+def connect(client: aioredis.Redis | RedisCluster | None = None, url: str | None = None, *,
+            max_connections: int | None = None, socket_timeout: float | None = 15.0,
+            tls: TlsOptions | None = None) -> tuple[Any, bool, str]:
     """The given client (checked), or a new one for `url`, EFFECTMQ_REDIS_URL or the default.
 
     Returns (client, whether the caller owns it and must close it, the URL with its
     password masked: the only form of it fit for messages). With `max_connections`,
     callers beyond the bound wait (up to the socket timeout) for a free connection.
-    A redis+sentinel:// URL (see effectmq.sentinel) connects to the service's primary.
+    A redis+sentinel:// URL (see effectmq.sentinel) connects to the service's primary,
+    a redis+cluster:// URL (see effectmq.cluster) to a Redis Cluster; a given client
+    may be a `redis.asyncio.RedisCluster` too.
     The socket timeout bounds every reply, so a partition cannot hang a call.
     """
     if client is not None:
-        if not client.connection_pool.connection_kwargs.get("decode_responses"):
+        if not client_settings(client).get("decode_responses"):
             raise InvalidOption("pass a redis client created with decode_responses=True")
         return client, False, redact_url(url) if url else GIVEN_CLIENT
     url, tls_options = (tls or TlsOptions.from_env()).apply(url or os.environ.get("EFFECTMQ_REDIS_URL") or DEFAULT_URL)
     shown = redact_url(url)
     if shown == INVALID_URL:  # redis-py's own complaint could quote part of the password
-        raise InvalidOption("the Redis URL is not a redis://, rediss://, unix:// or redis+sentinel:// URL that can be "
-                            "read safely (not shown: it may hold a password); percent-encode / ? # @ : in a password")
+        raise InvalidOption("the Redis URL is not a redis://, rediss://, unix://, redis+sentinel:// or "
+                            "redis+cluster:// URL that can be read safely (not shown: it may hold a password); "
+                            "percent-encode / ? # @ : in a password")
     try:
         options = dict(decode_responses=True, socket_connect_timeout=5, socket_timeout=socket_timeout,
                        health_check_interval=30, **tls_options)
         if is_sentinel_url(url):  # the primary that the Sentinels name, followed across failovers
             client = sentinel_client(url, max_connections=max_connections, **options)
+        elif is_cluster_url(url):  # every node's pool holds at most max_connections
+            client = cluster_client(url, max_connections=max_connections, **options)
         elif max_connections is None:
             client = aioredis.Redis.from_url(url, **options)
         else:  # a bounded pool waits for a free connection instead of failing with "Too many connections"
@@ -136,6 +163,10 @@ def connect(client: aioredis.Redis | None = None, url: str | None = None, *, max
     return client, True, shown
 
 
+# What a MOVED or ASK reply to a plain client means.
+CLUSTER_NODE_HINT = " (this Redis is a node of a Redis Cluster: connect with a redis+cluster:// URL)"
+
+
 class RedisErrors:
     """`with errors:` turns what redis-py raises into RedisUnavailable (retryable: transport
     errors and the replies of RETRYABLE_REPLIES) or RedisRefused (anything else), naming `where`.
@@ -144,25 +175,28 @@ class RedisErrors:
     secrets, and the original is chained only when it held none (a traceback prints it).
     """
 
-    __slots__ = ("where", "secrets")
+    __slots__ = ("where", "secrets", "hint")
 
-    def __init__(self, client: aioredis.Redis, where: str):
+    def __init__(self, client: aioredis.Redis | RedisCluster, where: str):
         self.where = where
-        settings = client.connection_pool.connection_kwargs
+        settings = client_settings(client)
         self.secrets = tuple(str(settings[name]) for name in SECRET_OPTIONS if settings.get(name))
+        self.hint = "" if isinstance(client, RedisCluster) else CLUSTER_NODE_HINT
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, kind: type | None, exc: BaseException | None, tb: Any) -> None:
-        if not isinstance(exc, redis_errors.RedisError):
+        if not isinstance(exc, (redis_errors.RedisError, redis_errors.RedisClusterException)):
             return
         reply = classify_reply(exc)
         text = scrub(str(exc), *self.secrets) or reply.code
         cause = exc if text == str(exc) else None
         if not isinstance(exc, TRANSPORT_ERRORS) and not text.startswith(reply.code):
             text = f"{reply.code} {text}"
-        if isinstance(exc, TRANSPORT_ERRORS):
+        if reply.code in ("MOVED", "ASK"):
+            text += self.hint
+        if isinstance(exc, TRANSPORT_ERRORS) or (reply.code == CLUSTER and reply.retryable):
             raise RedisUnavailable(f"Redis unavailable {self.where}: {text}", reply.code, reply.retryable) from cause
         if reply.retryable:
             raise RedisUnavailable(f"Redis refused for now {self.where}: {text}", reply.code) from cause

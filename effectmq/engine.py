@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import secrets
 import time
@@ -19,11 +20,16 @@ from . import codec, models, protocol, retry as retry_policies
 from .aio import cancel_and_wait
 from .checks import check_number
 from .errors import DEFECT, AlreadySettled, CorruptValue, ErrorInfo, InvalidOption, InvalidPayload, LeaseLost, TaskError
-from .protocol import MAX_ACQUIRE, MAX_DELAY, Outcome, ms, retention_ms
+from .protocol import ACQUIRE_PEEK, ACQUIRE_WINDOW, MAX_ACQUIRE, MAX_DELAY, AcquireStatus, Outcome, ms, retention_ms
+from .routing import subscriber
 from .scripts import ScriptRunner
 
 if TYPE_CHECKING:
     from .queue import TaskQueue
+
+# Calls one acquire_many makes at most: a first one that only learns which ids are ready,
+# and more while other workers took the ids it declared.
+ACQUIRE_ROUNDS = 4
 
 
 def error_info(error: Any, declared: Sequence[type[BaseException]] = ()) -> tuple[ErrorInfo, bool]:
@@ -176,17 +182,63 @@ class LeaseEngine:
         self.queue = queue
         self.scripts = scripts
         self.token_prefix = secrets.token_hex(6)  # tokens are prefix:seq, unique per process
+        # What the last acquire reply named: the next call declares these as candidates.
+        self._ready: list[bytes] = []
+        self._due: list[bytes] = []
+        self._largest = 1  # the most leases one call asked for: the next call may ask as many
+        # One acquire at a time per process: each starts from the ids the last one learnt,
+        # and this process's callers never compete for them.
+        self._acquiring = asyncio.Lock()
 
     async def acquire_many(self, count: int, *, lock_timeout: float | None = None) -> tuple[list[Lease], float | None]:
+        """Lease up to `count` ready tasks. A script may touch only the task hashes it
+        declares, so each call leases among ids an earlier reply named (the head of
+        waiting, due delayed tasks) and names the next ones; without any, the first call
+        only learns them. Returns the leases and the seconds until the next delayed task
+        is due (0 when ready tasks are known but were taken meanwhile: look again now)."""
         check_number("count", count, minimum=1, integer=True, allow_none=False)
         lt = self.queue.lock_timeout if lock_timeout is None else lock_timeout
         check_number("lock_timeout", lt, minimum=0.01, allow_none=False)
-        sent = time.monotonic()
-        reply = await self.scripts.run(protocol.AcquireArgs(
-            min(count, MAX_ACQUIRE), ms(lt), self.token_prefix, self.queue.promote_batch))
-        granted = reply.granted
-        leases = [Lease(self, fields, reply.deadline, sent + granted, granted, lt) for fields in reply.leases]
+        count = min(count, MAX_ACQUIRE)
+        async with self._acquiring:
+            return await self._acquire_rounds(count, lt)
+
+    async def _acquire_rounds(self, count: int, lt: float) -> tuple[list[Lease], float | None]:
+        self._largest = max(self._largest, count)
+        peek = self._peek()
+        leases: list[Lease] = []
+        for _ in range(ACQUIRE_ROUNDS):
+            want = count - len(leases)
+            # Some spare: the script leases the first still waiting, so ids another
+            # process took meanwhile cost no call.
+            candidates = self._ready[:want + (want + 1) // 2] + self._due
+            sent = time.monotonic()
+            reply = await self.scripts.run(protocol.AcquireArgs(
+                want, ms(lt), self.token_prefix, self.queue.promote_batch, window=ACQUIRE_WINDOW * peek, peek=peek,
+                candidates=candidates))
+            granted = reply.granted
+            leases += [Lease(self, fields, reply.deadline, sent + granted, granted, lt) for fields in reply.leases]
+            if reply.status is not AcquireStatus.OK:  # paused or limited: the ids known stay known
+                break
+            self._ready, self._due = list(reply.ready), list(reply.due)
+            if len(leases) >= count or not (self._ready or self._due):
+                break
+        if len(leases) < count and reply.status is AcquireStatus.OK and (self._ready or self._due):
+            return leases, 0.0
         return leases, reply.next_due_in
+
+    def learn_ready(self, task_ids: Sequence[str | bytes]) -> None:
+        """Ids said to be waiting (this process's own offers, a wake message), in the
+        order they became ready: the next acquire declares them after the ids it knew
+        (those came first), and the script checks each."""
+        keep = self._peek()
+        known = set(self._ready)
+        fresh = [i.encode() if isinstance(i, str) else i for i in task_ids[:keep]]
+        self._ready = (self._ready + [i for i in fresh if i not in known])[:keep]
+
+    def _peek(self) -> int:
+        """How many ids to learn: twice the most leases one call asked for, at least ACQUIRE_PEEK."""
+        return min(MAX_ACQUIRE, max(ACQUIRE_PEEK, 2 * self._largest))
 
     async def renew(self, leases: Sequence[Lease]) -> list[bool]:
         """Renew many leases (one round trip per requested lease length); updates each
@@ -259,12 +311,13 @@ class WakeSignal:
     async def _listen(self) -> None:
         backoff = 0.05
         while True:
-            pubsub = self.queue.redis.pubsub(ignore_subscribe_messages=True)
+            pubsub = subscriber(self.queue.redis, self.queue.keys.wake_channel)
             try:
                 await pubsub.subscribe(self.queue.keys.wake_channel)
                 self._ready.set()
                 backoff = 0.05
-                async for _message in pubsub.listen():
+                async for message in pubsub.listen():
+                    self._learn(message.get("data"))
                     self.event.set()
             except asyncio.CancelledError:
                 raise
@@ -275,6 +328,14 @@ class WakeSignal:
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
+
+    def _learn(self, data: Any) -> None:
+        """A wake message may name the ids it is about (lib.lua `wake`); only a hint."""
+        if isinstance(data, str) and data.startswith("["):
+            with contextlib.suppress(ValueError):
+                ids = json.loads(data)
+                if isinstance(ids, list) and all(isinstance(i, str) for i in ids):
+                    self.queue.engine.learn_ready(ids)
 
     async def wait(self, timeout: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):

@@ -44,7 +44,8 @@ class QueueKeys:
 
     @property
     def script_keys(self) -> list[str]:
-        """The KEYS every script receives, in the order lib.lua documents."""
+        """The queue's KEYS every script receives first, in the order lib.lua documents
+        (the task hashes a call touches follow them)."""
         b = self.base
-        parts = (*INDEXES, "dedup", "meta", "events", "seq", "ready_since", "workers", "settled")
+        parts = (*INDEXES, "dedup", "meta", "events", "seq", "ready_since", "workers", "settled", "waiters", "peeked")
         return [b] + [b + part for part in parts]

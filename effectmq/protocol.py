@@ -7,6 +7,11 @@ bounds every call respects, the named outcome codes, the queue settings' default
 (written into every script as the Lua table DEFAULTS) and the per-field decoding of
 raw replies (a value that is not UTF-8 spoils its own task, never the batch).
 tests/runtime/test_protocol.py holds the script headers against these classes.
+
+Every key a script touches is declared in its KEYS (lib.lua): the queue's keys, then
+the task hashes of `task_ids()`. Those ids are the call's own arguments, or, where the
+script picks tasks (acquire, maintain), ids the caller learnt before the call: from an
+earlier acquire reply (`AcquireReply.ready`, `.due`) or from plain reads (maintain).
 """
 
 from __future__ import annotations
@@ -24,6 +29,11 @@ OFFER_CHUNK = 500
 OFFER_WINDOW = 16
 MAX_ACQUIRE = 1000  # leases per acquire call
 MAX_MAINTAIN_BATCH = 5000  # items per sweep of one maintain call
+# Ids an acquire reply names for the next call: at least ACQUIRE_PEEK, twice the most
+# leases one call asked for. A candidate is leased while among the first ACQUIRE_WINDOW
+# peeks of waiting ids: how far competing workers' named ids reach past the head.
+ACQUIRE_PEEK = 16
+ACQUIRE_WINDOW = 8
 MAX_DELAY = 10 * 365 * 86400.0  # seconds: ten years is "later", 1e12 is a mistake
 
 
@@ -163,7 +173,8 @@ R = TypeVar("R")
 
 
 class ScriptArgs(Generic[R]):
-    """The arguments of one script call: `argv()` for the call, `parse()` for its reply."""
+    """The arguments of one script call: `argv()` for the call, `parse()` for its reply,
+    `task_ids()` for the tasks whose hashes it declares after the queue's keys."""
 
     operation: ClassVar[str]
     Reply: ClassVar[Any]  # the reply dataclass, with a `from_reply` classmethod
@@ -172,12 +183,20 @@ class ScriptArgs(Generic[R]):
     def argv(self) -> list:
         raise NotImplementedError
 
+    def task_ids(self) -> Sequence[str | bytes]:
+        return ()
+
     def parse(self, reply: Any) -> R:
         return self.Reply.from_reply(reply)
 
 
 def _flat(records: Sequence[tuple]) -> list:
     return list(itertools.chain.from_iterable(records))
+
+
+def declared_keys() -> Any:
+    """A field that travels in KEYS (as task hashes), not in ARGV."""
+    return field(default=(), metadata={"keys": True})
 
 
 # -- replies -------------------------------------------------------------------
@@ -197,13 +216,16 @@ class AcquireReply:
     deadline: int
     next_due: int  # -1 = no delayed task
     status: AcquireStatus
+    ready: tuple[bytes, ...]  # waiting ids the next call may declare
+    due: tuple[bytes, ...]  # delayed ids due now, for the next call to promote
     leases: list[RawFields]
 
     @classmethod
     def from_reply(cls, reply: list) -> "AcquireReply":
         status = reply[3].decode() if isinstance(reply[3], bytes) else reply[3]
-        leases = [decode_fields(LEASE_FIELDS, reply[i:i + LEASE_WIDTH]) for i in range(4, len(reply), LEASE_WIDTH)]
-        return cls(int(reply[0]), int(reply[1]), int(reply[2]), AcquireStatus(status), leases)
+        leases = [decode_fields(LEASE_FIELDS, reply[i:i + LEASE_WIDTH]) for i in range(6, len(reply), LEASE_WIDTH)]
+        return cls(int(reply[0]), int(reply[1]), int(reply[2]), AcquireStatus(status), tuple(reply[4]),
+                   tuple(reply[5]), leases)
 
     @property
     def granted(self) -> float:
@@ -283,7 +305,7 @@ class MaintainReply:
     stalled_failed: int
     promoted: int
     expired_records: int
-    expired_reservations: int  # also counts remembered settlements that ended
+    expired_reservations: int  # also counts remembered settlements and waiters that ended
     more: bool  # a sweep was cut short by its batch
 
     @classmethod
@@ -345,6 +367,9 @@ class OfferArgs(ScriptArgs[OfferReply]):
     def argv(self) -> list:
         return [self.count, *_flat(self.tasks)]
 
+    def task_ids(self) -> Sequence[str | bytes]:
+        return [task.id for task in self.tasks]
+
 
 @dataclass(frozen=True)
 class AcquireArgs(ScriptArgs[AcquireReply]):
@@ -355,9 +380,15 @@ class AcquireArgs(ScriptArgs[AcquireReply]):
     lock_timeout_ms: int
     token_prefix: str
     promote_batch: int
+    window: int
+    peek: int
+    candidates: Sequence[str | bytes] = declared_keys()  # ids an earlier reply named
 
     def argv(self) -> list:
-        return [self.count, self.lock_timeout_ms, self.token_prefix, self.promote_batch]
+        return [self.count, self.lock_timeout_ms, self.token_prefix, self.promote_batch, self.window, self.peek]
+
+    def task_ids(self) -> Sequence[str | bytes]:
+        return self.candidates
 
 
 @dataclass(frozen=True)
@@ -370,6 +401,9 @@ class RenewArgs(ScriptArgs[RenewReply]):
     def argv(self) -> list:
         return [self.lock_timeout_ms, *_flat(self.leases)]
 
+    def task_ids(self) -> Sequence[str | bytes]:
+        return [lease.id for lease in self.leases]
+
 
 @dataclass(frozen=True)
 class CompleteArgs(ScriptArgs[CompleteReply]):
@@ -380,6 +414,9 @@ class CompleteArgs(ScriptArgs[CompleteReply]):
 
     def argv(self) -> list:
         return [self.retention_ms, *_flat(self.completions)]
+
+    def task_ids(self) -> Sequence[str | bytes]:
+        return [completion.id for completion in self.completions]
 
 
 @dataclass(frozen=True)
@@ -396,6 +433,9 @@ class FailArgs(ScriptArgs[FailReply]):
     def argv(self) -> list:
         return [self.id, self.token, self.error, self.retry_delay_ms, self.max_retries, self.retention_ms]
 
+    def task_ids(self) -> Sequence[str | bytes]:
+        return [self.id]
+
 
 @dataclass(frozen=True)
 class ReleaseArgs(ScriptArgs[OutcomeReply]):
@@ -407,6 +447,9 @@ class ReleaseArgs(ScriptArgs[OutcomeReply]):
 
     def argv(self) -> list:
         return [self.id, self.token, self.delay_ms]
+
+    def task_ids(self) -> Sequence[str | bytes]:
+        return [self.id]
 
 
 @dataclass(frozen=True)
@@ -420,6 +463,9 @@ class ProgressArgs(ScriptArgs[StoredReply]):
     def argv(self) -> list:
         return [self.id, self.token, self.progress]
 
+    def task_ids(self) -> Sequence[str | bytes]:
+        return [self.id]
+
 
 @dataclass(frozen=True)
 class CancelArgs(ScriptArgs[PreviousStateReply]):
@@ -432,6 +478,9 @@ class CancelArgs(ScriptArgs[PreviousStateReply]):
     def argv(self) -> list:
         return [self.id, self.error, self.retention_ms]
 
+    def task_ids(self) -> Sequence[str | bytes]:
+        return [self.id]
+
 
 @dataclass(frozen=True)
 class RetryArgs(ScriptArgs[PreviousStateReply]):
@@ -440,6 +489,9 @@ class RetryArgs(ScriptArgs[PreviousStateReply]):
     id: str
 
     def argv(self) -> list:
+        return [self.id]
+
+    def task_ids(self) -> Sequence[str | bytes]:
         return [self.id]
 
 
@@ -451,9 +503,13 @@ class MaintainArgs(ScriptArgs[MaintainReply]):
     max_stalled_count: int
     stalled_error: str  # JSON
     retention_ms: int
+    candidates: Sequence[str | bytes] = declared_keys()  # ids read from the indexes first
 
     def argv(self) -> list:
         return [self.batch, self.max_stalled_count, self.stalled_error, self.retention_ms]
+
+    def task_ids(self) -> Sequence[str | bytes]:
+        return self.candidates
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from .errors import CANCELED, STALLED, ErrorInfo, InvalidOption, TaskFailed, Tas
 from .keys import INDEXES, QueueKeys, check_queue_name
 from .models import MaintenanceReport, Offered, QueueStats, TaskInfo
 from .protocol import MAX_ACQUIRE, MAX_DELAY, MAX_MAINTAIN_BATCH, ms, retention_ms
-from .scripts import ScriptRunner
+from .routing import script_runner, server_time_ms, subscriber
 
 # Importers (scheduler, tests) read these names here.
 __all__ = ["TaskQueue", "Lease", "offer_argv", "DEFAULT_DEDUP_WINDOW", "MAX_ACQUIRE", "MAX_MAINTAIN_BATCH"]
@@ -47,6 +47,14 @@ SETTINGS = {
     "retry": "retry",
 }
 _SECONDS_SETTINGS = {"lock_timeout", "retention_completed", "retention_failed", "dedup_window"}
+# Indexes whose due members are task ids: maintain declares their hashes (lib.lua).
+TASK_SWEEPS = ("active", "delayed", "completed", "failed", "canceled")
+# Indexes maintain.lua sweeps by itself (their members touch no task hash).
+OWN_SWEEPS = ("dedup", "settled", "waiters")
+# How long a registered waiter counts as waiting (wait() registers again after half of
+# it); and how often wait() reads the state again without a message.
+WAITER_TTL = 60.0
+WAIT_RECHECK = 5.0
 
 
 def offer_argv(task_name: str, payload: Any, *, task_id: str | None = None, delay: float | None = None,
@@ -104,7 +112,7 @@ class TaskQueue(OwnsConnection):
         self.retention_failed = retention_failed
         self.promote_batch = promote_batch
         self._redis_errors = RedisErrors(self.redis, f"at {self.url} (queue {self.name!r})")
-        self._scripts = ScriptRunner(self.redis, self.keys.script_keys, self._redis_errors)
+        self._scripts = script_runner(self.redis, self.keys.script_keys, self._redis_errors)
         self.engine = LeaseEngine(self, self._scripts)
 
     def __repr__(self) -> str:
@@ -121,6 +129,8 @@ class TaskQueue(OwnsConnection):
                                max_retries=max_retries, max_stalled_count=max_stalled_count,
                                retry=retry, timeout=timeout)
         reply = await self._scripts.run(protocol.OfferArgs([task]))
+        if reply.created[0] and not task.delay_ms:
+            self.engine.learn_ready([tid])  # this process may be the one to acquire it
         return Offered(tid, reply.created[0])
 
     async def offer_many(self, tasks: Iterable[Any]) -> list[Offered]:
@@ -161,6 +171,8 @@ class TaskQueue(OwnsConnection):
         for i in range(0, len(calls), protocol.OFFER_WINDOW):
             for reply in await self._scripts.run_many(calls[i:i + protocol.OFFER_WINDOW]):
                 created.extend(reply.created)
+        self.engine.learn_ready([task.id for call in calls[:1] for task, new in zip(call.tasks, created)
+                                 if new and not task.delay_ms])  # the first chunk's: this process may acquire them
         return [Offered(tid, c) for tid, c in zip(ids, created)]
 
     # -- workers -----------------------------------------------------------
@@ -171,10 +183,13 @@ class TaskQueue(OwnsConnection):
         return leases[0] if leases else None
 
     async def acquire_many(self, count: int, *, lock_timeout: float | None = None) -> tuple[list[Lease], float | None]:
-        """Lease up to `count` (at most MAX_ACQUIRE) ready tasks in one round trip.
+        """Lease up to `count` (at most MAX_ACQUIRE) ready tasks, usually in one round
+        trip (two when no ready ids are known yet: a script declares every task hash
+        it touches, see `LeaseEngine.acquire_many`).
 
         Returns the leases and the seconds until the next delayed task is due
-        (None when there is none), so an idle worker knows how long it may sleep.
+        (None when there is none; 0 when ready tasks are known that other workers
+        took first: look again now), so an idle worker knows how long it may sleep.
         Values are decoded per task: one that is not UTF-8 marks its lease `corrupt`.
         """
         return await self.engine.acquire_many(count, lock_timeout=lock_timeout)
@@ -202,15 +217,21 @@ class TaskQueue(OwnsConnection):
     async def wait(self, task_id: str, *, timeout: float | None = None) -> Any:
         """The task's result once it completed; raises TaskFailed, TaskNotFound or TimeoutError.
 
-        Subscribes before reading the stored state, so a completion between the
-        two is never missed.
+        A settlement publishes on the task's channel only while somebody is registered
+        as waiting (the queue's waiters index; a PUBLISH reaches every node of a
+        cluster). So: subscribe, register, then read the stored state; a settlement
+        between any two of these is never missed.
         """
-        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        pubsub = subscriber(self.redis, self.keys.done_channel(task_id))
         try:
             with self._redis_errors:
                 await pubsub.subscribe(self.keys.done_channel(task_id))
                 deadline = None if timeout is None else time.monotonic() + timeout
+                registered = -WAITER_TTL
                 while True:
+                    if time.monotonic() - registered >= WAITER_TTL / 2:  # before it can run out
+                        registered = time.monotonic()
+                        await self._register_waiter(task_id)
                     info = await self.get(task_id)
                     if info is None:
                         raise TaskNotFound(f"task {task_id!r} not found in queue {self.name!r}")
@@ -222,10 +243,16 @@ class TaskQueue(OwnsConnection):
                     if remaining is not None and remaining <= 0:
                         raise TimeoutError(f"task {task_id!r} still {info.state} after {timeout}s")
                     # A bounded wait doubles as a re-check if the subscription dropped.
-                    await pubsub.get_message(timeout=min(remaining or 5.0, 5.0))
+                    await pubsub.get_message(timeout=min(remaining or WAIT_RECHECK, WAIT_RECHECK))
         finally:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
+
+    async def _register_waiter(self, task_id: str) -> None:
+        """Mark `task_id` as waited on until WAITER_TTL from now by Redis time (never
+        shortened by another waiter); maintain removes the entries that ran out."""
+        expiry = await server_time_ms(self.redis, self.keys.base) + ms(WAITER_TTL)
+        await self.redis.zadd(self.keys.key("waiters"), {task_id: expiry}, gt=True)
 
     async def cancel(self, task_id: str) -> str | None:
         """Cancel a waiting, delayed or active task (an active attempt loses its lease).
@@ -312,12 +339,34 @@ class TaskQueue(OwnsConnection):
                           r.paused, r.max_active)
 
     async def maintain(self, *, batch: int = 100) -> MaintenanceReport:
-        """One bounded pass: recover expired leases, promote due tasks, expire records."""
+        """One bounded pass: recover expired leases, promote due tasks, expire records.
+
+        The script may touch only the task hashes it declares, so the due ids are read
+        first with plain commands, bounded by Redis time (at most `batch` per index);
+        the script checks each again. Nothing due: no script call at all."""
         check_number("batch", batch, minimum=1, integer=True, allow_none=False, maximum=MAX_MAINTAIN_BATCH)
+        with self._redis_errors:
+            now = await server_time_ms(self.redis, self.keys.base)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for index in (*TASK_SWEEPS, *OWN_SWEEPS):
+                    pipe.zrange(self.keys.key(index), 0, 0, withscores=True)
+                firsts = await pipe.execute()
+            due = [index for index, first in zip((*TASK_SWEEPS, *OWN_SWEEPS), firsts) if first and first[0][1] <= now]
+            if not due:
+                return MaintenanceReport(0, 0, 0, 0, 0, False)
+            candidates: list[str] = []
+            cut_short = False
+            if task_sweeps := [index for index in due if index in TASK_SWEEPS]:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for index in task_sweeps:
+                        pipe.zrange(self.keys.key(index), "-inf", now, byscore=True, offset=0, num=batch)
+                    for ids in await pipe.execute():
+                        candidates += ids
+                        cut_short = cut_short or len(ids) == batch
         err = codec.dumps(ErrorInfo(STALLED, "lease expired too many times", kind="stall").to_json())
         reply = await self._scripts.run(protocol.MaintainArgs(batch, self.max_stalled_count, err,
-                                                              retention_ms(self.retention_failed)))
-        return MaintenanceReport(**dataclasses.asdict(reply))
+                                                              retention_ms(self.retention_failed), candidates))
+        return MaintenanceReport(**{**dataclasses.asdict(reply), "more": reply.more or cut_short})
 
     async def sweep(self, *, batch: int = 100, budget: float = 1.0) -> MaintenanceReport:
         """maintain() again while a call reports more, until `budget` seconds have passed

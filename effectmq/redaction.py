@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from urllib.parse import quote, quote_plus, unquote, unquote_plus, urlsplit
 
-__all__ = ["INVALID_URL", "MASK", "SECRET_OPTIONS", "redact_url", "scrub", "url_secrets"]
+__all__ = ["CLUSTER_SCHEMES", "INVALID_URL", "MASK", "SECRET_OPTIONS", "redact_url", "scrub", "url_secrets"]
 
 MASK = "***"
 INVALID_URL = "<invalid Redis URL>"  # what an unreadable URL is shown as: never the value itself
 SENTINEL_SCHEMES = frozenset({"redis+sentinel", "rediss+sentinel"})  # host list: h1:p1,h2:p2 (effectmq.sentinel)
-SCHEMES = frozenset({"redis", "rediss", "unix"}) | SENTINEL_SCHEMES
+CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})  # seed list: h1:p1,h2:p2 (effectmq.cluster)
+SCHEMES = frozenset({"redis", "rediss", "unix"}) | SENTINEL_SCHEMES | CLUSTER_SCHEMES
 # Connection options that hold secrets, whether in a URL query or a client's settings.
 SECRET_OPTIONS = ("password", "ssl_password")
 # ... and those only a URL's query holds (a Sentinel's own password).
@@ -23,13 +24,13 @@ URL_SECRET_OPTIONS = SECRET_OPTIONS + ("sentinel_password",)
 
 def _redact(url: object) -> tuple[str, list[str]] | None:
     """The URL with its secrets masked and those secrets (raw), or None when it cannot
-    be parsed safely (not a redis/rediss/unix/redis+sentinel URL, or a password cut short by an
+    be parsed safely (not a redis/rediss/unix/redis+sentinel/redis+cluster URL, or a password cut short by an
     unencoded / ? or #, whose rest would be shown as path, query or fragment)."""
     if not isinstance(url, str):
         return None
     try:
         parts = urlsplit(url)
-        if parts.scheme in SENTINEL_SCHEMES:  # each Sentinel's port must be a number
+        if parts.scheme in SENTINEL_SCHEMES | CLUSTER_SCHEMES:  # each host's port must be a number
             for address in parts.netloc.rpartition("@")[2].split(","):
                 _ = urlsplit(f"//{address}").port
         else:

@@ -3,7 +3,8 @@
 Each script in ``lua/`` is prefixed with the queue settings' defaults (from
 `protocol.SETTING_DEFAULTS`) and ``lua/lib.lua`` and called by SHA (EVALSHA); when
 Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH) the runner loads it and
-sends the call again. Calls take and give the typed records of `protocol`.
+sends the call again. Calls take and give the typed records of `protocol`; each call
+declares the queue's keys and then the task hashes of its `task_ids()` (lib.lua).
 """
 
 from __future__ import annotations
@@ -61,11 +62,16 @@ class ScriptRunner:
         self.client = client
         self.errors = errors
         self.pool = client.connection_pool
-        self.keys = [k.encode() for k in keys]
+        self.keys = [k.encode() for k in keys]  # the queue's; keys[0] is its base
         self.nkeys = len(self.keys)
 
-    def _packed(self, operation: str, argv: Sequence[Any]) -> list[bytes]:
-        command = ("EVALSHA", sha(operation), self.nkeys, *self.keys, *argv)
+    def task_keys(self, task_ids: Sequence[str | bytes]) -> list[bytes]:
+        """The task hashes of these ids (keys.QueueKeys.task), as the scripts declare them."""
+        prefix = self.keys[0] + b"t:"
+        return [prefix + (i if isinstance(i, bytes) else i.encode(errors="surrogateescape")) for i in task_ids]
+
+    def _packed(self, operation: str, argv: Sequence[Any], task_keys: Sequence[bytes] = ()) -> list[bytes]:
+        command = ("EVALSHA", sha(operation), self.nkeys + len(task_keys), *self.keys, *task_keys, *argv)
         if _pack is not None:
             return [_pack(command)]
         return self.pool.connection_class(**self.pool.connection_kwargs).pack_command(*command)
@@ -90,24 +96,20 @@ class ScriptRunner:
 
     async def run(self, args: ScriptArgs[R]) -> R:
         """One typed script call; its reply parsed."""
-        with self.errors:
-            reply = await self(args.operation, args.argv(), raw=args.raw)
-        return args.parse(reply)
+        return (await self.run_many([args]))[0]
 
     async def run_many(self, calls: Sequence[ScriptArgs[R]]) -> list[R]:
-        """Calls of one script in one round trip; their replies parsed."""
+        """Calls of one script in one round trip (each still runs alone in Redis); their
+        replies parsed. With the script's `raw`, strings in a reply stay bytes."""
         first = calls[0]
         with self.errors:
-            replies = await self.many(first.operation, [args.argv() for args in calls], raw=first.raw)
+            packed = [self._packed(args.operation, args.argv(), self.task_keys(args.task_ids())) for args in calls]
+            replies = await self._call(first.operation, packed, first.raw)
         return [args.parse(reply) for args, reply in zip(calls, replies)]
 
-    async def __call__(self, operation: str, argv: Sequence[Any], *, raw: bool = False) -> Any:
-        """One script call; with `raw`, strings in the reply stay bytes (decoded by the caller)."""
-        return (await self.many(operation, [argv], raw=raw))[0]
-
-    async def many(self, operation: str, argvs: Sequence[Sequence[Any]], *, raw: bool = False) -> list:
-        """Several calls of one script in one round trip; each still runs alone in Redis."""
-        packed = [self._packed(operation, argv) for argv in argvs]
+    async def _call(self, operation: str, packed: list[list[bytes]], raw: bool) -> list:
+        """Send packed calls of one script: loaded on NOSCRIPT, sent again once after a lost
+        connection when that is safe; an error reply raises."""
         loaded = resent = False
         while True:
             try:

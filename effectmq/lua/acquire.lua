@@ -1,21 +1,45 @@
---[[ acquire: lease up to `count` ready tasks, each under a new token.
-KEYS: the queue keys of lib.lua.
+--[[ acquire: lease up to `count` of the declared candidates that are ready, each under a
+new token, and name the ids the next call may declare.
+KEYS: the queue keys of lib.lua, then candidates: the task hashes of ids an earlier reply
+  named (ready or due), or a wake message, or the caller's own offers; a call with none
+  only names them.
 ARGV[1] count            how many tasks the caller can run now
 ARGV[2] lock_timeout_ms  lease length (the queue's meta lock_timeout_ms wins when set)
 ARGV[3] token_prefix     random per-process prefix; the token is prefix..":"..seq
-ARGV[4] promote_batch    at most this many due delayed tasks are promoted first
-Returns: {now, deadline, next_due, status, leases...}
+ARGV[4] promote_batch    `due` names at most this many ids
+ARGV[5] window           a candidate is leased only while it is among the first `window`
+  waiting tasks and in the head's priority band (never before a task of higher priority)
+ARGV[6] peek             how many waiting ids `ready` names
+Candidates that are due delayed tasks are promoted first, and may be leased at once.
+Leases follow head order (priority, then FIFO): the first `count` candidates still
+waiting, so a caller that declares more than it needs still gets its count when
+other workers took some of them.
+Returns: {now, deadline, next_due, status, ready, due, leases...}
   next_due: -1 = no delayed task
   status: "ok" | "paused" | "limited" (max_active reached)
+  ready: at most `peek` waiting ids for this caller's next call: the candidates it did
+  not need, then those after the ids the last other caller was named (so competing
+  workers declare different ids), else from the head; due: delayed ids due now. Both
+  empty when status is not ok.
 leases...: 10 values each: id, token, attempt, name, payload, handler_failure_count,
   stalled_attempt_count, max_retries, options, priority
 ]]
 local now = now_ms()
 local count = tonumber(ARGV[1])
+local window = tonumber(ARGV[5])
 local lock_timeout = meta_num('lock_timeout_ms', ARGV[2])
 local deadline = now + lock_timeout
-promote_due(now, tonumber(ARGV[4]))
 local out = {now, deadline, 0, 'ok'}
+out[5], out[6] = {}, {}
+local candidates = declared_ids()
+-- Each waiting candidate's score (a due one promoted first).
+local scores = {}
+if #candidates > 0 then scores = redis.call('ZMSCORE', K_WAITING, unpack(candidates)) end
+for i, id in ipairs(candidates) do
+  local score = scores[i]
+  if not score and promote_if_due(id, now) then score = redis.call('ZSCORE', K_WAITING, id) end
+  scores[i] = tonumber(score)
+end
 if meta_num('paused', DEFAULTS.paused) == 1 then
   out[3] = next_due()
   out[4] = 'paused'
@@ -31,11 +55,44 @@ if max_active > 0 then
     return out
   end
 end
-local popped = redis.call('ZPOPMIN', K_WAITING, count)
-for i = 1, #popped, 2 do
-  local id = popped[i]
+
+-- The end of the head's priority band (scores below it share the head's priority).
+local head = redis.call('ZRANGE', K_WAITING, 0, 0, 'WITHSCORES')
+local band = head[2] and (math.floor(tonumber(head[2]) / PRIORITY_SPAN) + 1) * PRIORITY_SPAN
+
+-- K_PEEKED holds "token_prefix score" of the last waiting id a reply named.
+local last = redis.call('GET', K_PEEKED)
+local last_caller, last_text, last_score  -- the score as Redis wrote it, and as a number
+if last then
+  last_caller, last_text = string.match(last, '^(%S+) (%S+)$')
+  last_score = tonumber(last_text)
+end
+
+-- The candidates still waiting near the head and in its band, in head order. They may
+-- pass over tasks they do not include only when the head was named to some caller
+-- (workers compete for the head); else the head must be one of them, so that a caller
+-- that learnt of some tasks only (its own offers) leases in exact head order.
+local is_candidate = {}
+for _, id in ipairs(candidates) do is_candidate[id] = true end
+local picks = {}
+if head[2] and (is_candidate[head[1]] or (last_score and tonumber(head[2]) <= last_score)) then
+  local limit = band
+  local edge = redis.call('ZRANGE', K_WAITING, window - 1, window - 1, 'WITHSCORES')
+  if edge[2] and tonumber(edge[2]) < limit then limit = tonumber(edge[2]) + 1 end
+  for i, id in ipairs(candidates) do
+    local score = scores[i]
+    if score and score < limit then picks[#picks + 1] = {score, id} end
+  end
+end
+table.sort(picks, function(a, b) return a[1] < b[1] end)
+local taking = {}
+for i = 1, math.min(count, #picks) do taking[i] = picks[i][2] end
+if #taking > 0 then
+  redis.call('ZREM', K_WAITING, unpack(taking))
+  redis.call('ZREM', K_READY_SINCE, unpack(taking))
+end
+for _, id in ipairs(taking) do
   local key = task_key(id)
-  redis.call('ZREM', K_READY_SINCE, id)
   if redis.call('EXISTS', key) == 1 then
     local attempt = redis.call('HINCRBY', key, 'attempt', 1)
     local token = ARGV[3] .. ':' .. redis.call('INCR', K_SEQ)
@@ -50,5 +107,31 @@ for i = 1, #popped, 2 do
     emit('active', id, 'attempt', attempt)
   end
 end
+
+-- Name the next ids: the candidates left over, then after the ids another caller was
+-- named last while they are near the head and in its band (else they were named but
+-- never leased, or a task of higher priority came): from the head.
+local peek = tonumber(ARGV[6])
+local named, listed = out[5], {}
+for i = count + 1, math.min(#picks, count + peek) do
+  named[#named + 1] = picks[i][2]
+  listed[picks[i][2]] = true
+end
+if #named < peek then
+  local from = '-inf'
+  if last_score and last_caller ~= ARGV[3] and band and last_score < band
+      and redis.call('ZCOUNT', K_WAITING, '-inf', last_text) < window then
+    from = '(' .. last_text
+  end
+  local fresh = redis.call('ZRANGE', K_WAITING, from, '+inf', 'BYSCORE', 'LIMIT', 0, peek - #named, 'WITHSCORES')
+  if #fresh == 0 and from ~= '-inf' then
+    fresh = redis.call('ZRANGE', K_WAITING, '-inf', '+inf', 'BYSCORE', 'LIMIT', 0, peek - #named, 'WITHSCORES')
+  end
+  for i = 1, #fresh, 2 do
+    if not listed[fresh[i]] then named[#named + 1] = fresh[i] end
+  end
+  if #fresh > 0 then redis.call('SET', K_PEEKED, ARGV[3] .. ' ' .. fresh[#fresh]) end
+end
+out[6] = redis.call('ZRANGE', K_DELAYED, '-inf', now, 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[4]))
 out[3] = next_due()
 return out

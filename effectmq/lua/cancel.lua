@@ -1,5 +1,5 @@
 --[[ cancel: end a task that has not settled; an active attempt loses its lease.
-KEYS: the queue keys of lib.lua.
+KEYS: the queue keys of lib.lua, then the task hash of ARGV's id.
 ARGV[1] id
 ARGV[2] error         JSON, tag ~effectmq/Error/Canceled
 ARGV[3] retention_ms  for canceled records (meta retention_failed_ms wins; -1 = keep)

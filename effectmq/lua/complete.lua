@@ -1,5 +1,5 @@
 --[[ complete: settle owned tasks as completed with their results (one or many per call).
-KEYS: the queue keys of lib.lua.
+KEYS: the queue keys of lib.lua, then the task hash of each record's id, in order.
 ARGV[1] retention_ms  for completed records (meta retention_completed_ms wins; -1 = keep)
 ARGV[2...] completions...: 3 values each: id, token, result
   result: JSON

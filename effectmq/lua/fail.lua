@@ -1,5 +1,5 @@
 --[[ fail: record a typed handler failure of an owned task; retry or fail for good.
-KEYS: the queue keys of lib.lua.
+KEYS: the queue keys of lib.lua, then the task hash of ARGV's id.
 ARGV[1] id
 ARGV[2] token
 ARGV[3] error           JSON object with at least "tag"
@@ -31,7 +31,7 @@ if delay >= 0 and failures <= max_retries then
     freed_slot()
   else
     enqueue_waiting(id, key, now)
-    wake()
+    wake({id})
   end
   return {OUTCOME_RETRY, failures, at}
 end

@@ -1,8 +1,9 @@
 --[[ lib.lua: helpers prepended to every script at load time.
 
-Every script receives the same queue-level KEYS (all share the queue's hash tag):
-  KEYS[1]  base        "{emq:<queue>}:"  task hashes are base.."t:"..id, channels
-                                          base.."wake" and base.."done:"..id
+Every script receives the same queue-level KEYS first (all share the queue's hash tag):
+  KEYS[1]  base        "{emq:<queue>}:"  a prefix, never read or written: task hashes are
+                                          base.."t:"..id, channels base.."wake" and
+                                          base.."done:"..id
   KEYS[2]  waiting     zset, score = -priority * 2^40 + seq (FIFO within priority)
   KEYS[3]  delayed     zset, score = due time (ms)
   KEYS[4]  active      zset, score = lease deadline (ms)
@@ -17,7 +18,17 @@ Every script receives the same queue-level KEYS (all share the queue's hash tag)
   KEYS[13] workers     hash of live worker processes: name -> "in_flight concurrency expires_ms"
   KEYS[14] settled     zset of settlements whose record is gone while a resend may still come:
                        outcome..":"..token, score = the lease deadline plus a slack
-Task keys are derived from KEYS[1] and therefore hash to the same slot.
+  KEYS[15] waiters     zset of task ids somebody waits on (TaskQueue.wait), score = expiry
+                       of that interest; a settlement publishes base.."done:"..id only then
+  KEYS[16] peeked      string "token_prefix score": the last waiting id an acquire reply
+                       named, so that the next caller is named the ids after it
+After them (KEYS[17...]) come the task hashes the call touches, and a script touches no
+other task hash: every key is declared before the call, as Redis Cluster and proxies that
+route on KEYS require. task_key(id) gives only a declared key and raises
+"ERR undeclared task key" otherwise, so a script cannot break the rule unnoticed. The
+caller knows the ids first: they are its arguments (offer, settle, cancel, ...), or ids an
+earlier reply, a wake message or the caller's own offers named (acquire), or ids read
+with plain commands (maintain); the script checks each again, by Redis time.
 All times come from Redis TIME, in milliseconds.
 
 DEFAULTS, the queue settings' values when the meta hash has none, is a table that
@@ -26,6 +37,7 @@ source); defaults that depend on the caller come in each script's ARGV.
 
 Each script's header lists its arguments and reply in this form, which
 tests/runtime/test_protocol.py holds against the dataclasses of protocol.py:
+  KEYS: the queue keys of lib.lua, then ...     the task hashes it declares
   ARGV[n] name  notes                 one value
   ARGV[n...] name...: k values each: a, b, c
                                       records of k values from ARGV[n] to the end
@@ -38,7 +50,24 @@ local BASE = KEYS[1]
 local K_WAITING, K_DELAYED, K_ACTIVE = KEYS[2], KEYS[3], KEYS[4]
 local K_COMPLETED, K_FAILED, K_CANCELED = KEYS[5], KEYS[6], KEYS[7]
 local K_DEDUP, K_META, K_EVENTS, K_SEQ, K_READY_SINCE = KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
-local K_WORKERS, K_SETTLED = KEYS[13], KEYS[14]
+local K_WORKERS, K_SETTLED, K_WAITERS, K_PEEKED = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local QUEUE_KEYS = 16  -- KEYS after these are task hashes
+local TASK_PREFIX = BASE .. 't:'
+local DECLARED = {}  -- the declared task hashes
+for i = QUEUE_KEYS + 1, #KEYS do DECLARED[KEYS[i]] = true end
+
+-- The ids of the declared task hashes, in KEYS order, each once.
+local function declared_ids()
+  local ids, seen = {}, {}
+  for i = QUEUE_KEYS + 1, #KEYS do
+    if not seen[KEYS[i]] then
+      seen[KEYS[i]] = true
+      ids[#ids + 1] = string.sub(KEYS[i], #TASK_PREFIX + 1)
+    end
+  end
+  return ids
+end
+
 -- How an attempt settled (protocol.Outcome); 0 = not settled by that token (lease lost).
 local OUTCOME_COMPLETED, OUTCOME_RETRY, OUTCOME_FAILED, OUTCOME_RELEASED = 1, 2, 3, 4
 -- A worker resends an acknowledgement only while its lease may still be valid, so the
@@ -51,8 +80,11 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The task hash of `id`, which the caller must have declared in KEYS.
 local function task_key(id)
-  return BASE .. 't:' .. id
+  local key = TASK_PREFIX .. id
+  if not DECLARED[key] then error({err = 'ERR undeclared task key ' .. key}) end
+  return key
 end
 
 local meta_cache = nil
@@ -82,8 +114,16 @@ local function emit(event, id, ...)
   end
 end
 
-local function wake()
-  redis.call('PUBLISH', BASE .. 'wake', '1')
+-- Idle workers may acquire again. `ids` (optional) names tasks now waiting: the message
+-- carries the first WAKE_IDS of them (a JSON array), which a woken worker declares at
+-- once instead of asking which ids are ready first.
+local WAKE_IDS = 16
+local function wake(ids)
+  local message = '1'
+  if ids and #ids > 0 then
+    message = cjson.encode({unpack(ids, 1, math.min(#ids, WAKE_IDS))})
+  end
+  redis.call('PUBLISH', BASE .. 'wake', message)
 end
 
 -- Put a task into the waiting index (its priority band, FIFO by seq).
@@ -143,10 +183,17 @@ local function zrem_all(index, members)
   end
 end
 
--- Move a task into a terminal state and its retention index; wake waiters.
+-- Does anybody wait on some task? (Read once per call: nothing else adds waiters meanwhile.)
+local anybody_waits = nil
+
+-- Move a task into a terminal state and its retention index; wake its waiters, if any
+-- (a PUBLISH reaches every node of a cluster: none is sent when nobody waits).
 local function settle(id, key, state, index_key, retention_ms, now)
   redis.call('HSET', key, 'state', state, 'finished_at', now, 'token', '')
-  redis.call('PUBLISH', BASE .. 'done:' .. id, state)
+  if anybody_waits == nil then anybody_waits = redis.call('EXISTS', K_WAITERS) == 1 end
+  if anybody_waits and redis.call('ZREM', K_WAITERS, id) == 1 then
+    redis.call('PUBLISH', BASE .. 'done:' .. id, state)
+  end
   if retention_ms == 0 then
     forget(id, key, now)
   elseif retention_ms < 0 then
@@ -184,17 +231,16 @@ local function drop_from_indexes(id, state)
   end
 end
 
--- Move delayed tasks that are due into waiting; at most `batch` of them.
-local function promote_due(now, batch)
-  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, batch)
-  for _, id in ipairs(due) do
-    redis.call('ZREM', K_DELAYED, id)
-    local key = task_key(id)
-    if redis.call('EXISTS', key) == 1 then
-      enqueue_waiting(id, key, now)
-    end
+-- Move a declared delayed task into waiting if it is due; true when it was.
+local function promote_if_due(id, now)
+  local due = redis.call('ZSCORE', K_DELAYED, id)
+  if not due or tonumber(due) > now then return false end
+  redis.call('ZREM', K_DELAYED, id)
+  local key = task_key(id)
+  if redis.call('EXISTS', key) == 1 then
+    enqueue_waiting(id, key, now)
   end
-  return #due
+  return true
 end
 
 local function next_due()

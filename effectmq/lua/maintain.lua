@@ -1,67 +1,78 @@
---[[ maintain: bounded sweeps; each one touches at most `batch` items.
-KEYS: the queue keys of lib.lua.
-ARGV[1] batch
+--[[ maintain: bounded sweeps by Redis time, over the declared tasks and the queue's own
+indexes.
+KEYS: the queue keys of lib.lua, then candidates: the task hashes of ids the caller read
+  first, at most `batch` from each of active, delayed, completed, failed and canceled
+  (their lowest scores); each is checked here again by Redis time.
+ARGV[1] batch              the sweeps of dedup, settled and waiters remove at most this many each
 ARGV[2] max_stalled_count  the default (task option, then meta max_stalled_count, then this)
 ARGV[3] stalled_error      JSON, tag ~effectmq/Error/Stalled
 ARGV[4] retention_ms       for failed records (meta retention_failed_ms wins; -1 = keep)
+A candidate that is due: an expired lease is a stall (counted; the task goes back to
+waiting or fails), a delayed task is promoted, a terminal record past its retention is
+forgotten; any other candidate is left alone.
 Returns: {recovered, stalled_failed, promoted, expired_records, expired_reservations, more}
-  (expired_reservations also counts remembered settlements that ended)
-  more = 1 when a sweep was cut short by its batch (call again soon).
+  (expired_reservations also counts remembered settlements and waiters that ended)
+  more = 1 when a sweep of dedup, settled or waiters was cut short by its batch; the
+  caller adds its own reads that were (call again soon).
 ]]
 local now = now_ms()
 local batch = tonumber(ARGV[1])
 local more = 0
-local recovered, dead = 0, 0
+local recovered, dead, promoted, forgotten = 0, 0, 0, 0
+local ready = {}  -- ids the wake message names
+local candidates = declared_ids()
 
--- 1. Expired leases: the attempt stalled; count it and hand the task back or end it.
-local expired = redis.call('ZRANGEBYSCORE', K_ACTIVE, '-inf', now, 'LIMIT', 0, batch)
-if #expired == batch then more = 1 end
-for _, id in ipairs(expired) do
-  redis.call('ZREM', K_ACTIVE, id)
+-- Is `id` in `index` with a score that is due by now?
+local function due_in(index, id)
+  local score = redis.call('ZSCORE', index, id)
+  return score and tonumber(score) <= now
+end
+
+for _, id in ipairs(candidates) do
   local key = task_key(id)
-  if redis.call('EXISTS', key) == 1 then
-    local stalls = redis.call('HINCRBY', key, 'stalled_attempt_count', 1)
-    local limit = task_option(key, 'max_stalled_count', 'max_stalled_count', ARGV[2])
-    redis.call('HSET', key, 'token', '')
-    if stalls > limit then
-      redis.call('HSET', key, 'error', ARGV[3])
-      emit('failed', id, 'kind', 'stall', 'retry_at', -1)
-      settle(id, key, 'failed', K_FAILED, meta_num('retention_failed_ms', ARGV[4]), now)
-      dead = dead + 1
-    else
-      emit('stalled', id, 'stalled_attempt_count', stalls)
-      enqueue_waiting(id, key, now)
-      recovered = recovered + 1
+  if due_in(K_ACTIVE, id) then
+    -- An expired lease: the attempt stalled; count it and hand the task back or end it.
+    redis.call('ZREM', K_ACTIVE, id)
+    if redis.call('EXISTS', key) == 1 then
+      local stalls = redis.call('HINCRBY', key, 'stalled_attempt_count', 1)
+      local limit = task_option(key, 'max_stalled_count', 'max_stalled_count', ARGV[2])
+      redis.call('HSET', key, 'token', '')
+      if stalls > limit then
+        redis.call('HSET', key, 'error', ARGV[3])
+        emit('failed', id, 'kind', 'stall', 'retry_at', -1)
+        settle(id, key, 'failed', K_FAILED, meta_num('retention_failed_ms', ARGV[4]), now)
+        dead = dead + 1
+      else
+        emit('stalled', id, 'stalled_attempt_count', stalls)
+        enqueue_waiting(id, key, now)
+        ready[#ready + 1] = id
+        recovered = recovered + 1
+      end
+    end
+  elseif promote_if_due(id, now) then
+    ready[#ready + 1] = id
+    promoted = promoted + 1
+  else
+    -- A terminal record past its retention.
+    for _, index in ipairs({K_COMPLETED, K_FAILED, K_CANCELED}) do
+      if due_in(index, id) then
+        redis.call('ZREM', index, id)
+        forget(id, key, now)
+        forgotten = forgotten + 1
+        break
+      end
     end
   end
 end
-if recovered > 0 then wake() elseif dead > 0 then freed_slot() end
+if #ready > 0 then wake(ready) elseif dead > 0 then freed_slot() end
 
--- 2. Delayed tasks that are due.
-local promoted = promote_due(now, batch)
-if promoted == batch then more = 1 end
-if promoted > 0 then wake() end
-
--- 3. Terminal records past their retention.
-local forgotten = 0
-for _, index in ipairs({K_COMPLETED, K_FAILED, K_CANCELED}) do
-  local old = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, batch)
+-- Reserved ids whose dedup window ended, remembered settlements and waiters past their time.
+local ended = 0
+for _, index in ipairs({K_DEDUP, K_SETTLED, K_WAITERS}) do
+  local old = redis.call('ZRANGE', index, '-inf', now, 'BYSCORE', 'LIMIT', 0, batch)
   if #old == batch then more = 1 end
-  for _, id in ipairs(old) do
-    redis.call('ZREM', index, id)
-    forget(id, task_key(id), now)
-    forgotten = forgotten + 1
-  end
+  zrem_all(index, old)
+  ended = ended + #old
 end
 
--- 4. Reserved ids whose dedup window ended.
-local ended = redis.call('ZRANGEBYSCORE', K_DEDUP, '-inf', now, 'LIMIT', 0, batch)
-if #ended == batch then more = 1 end
-zrem_all(K_DEDUP, ended)
-
--- 5. Remembered settlements past their time.
-local outcomes = redis.call('ZRANGEBYSCORE', K_SETTLED, '-inf', now, 'LIMIT', 0, batch)
-if #outcomes == batch then more = 1 end
-zrem_all(K_SETTLED, outcomes)
-
-return {recovered, dead, promoted, forgotten, #ended, more}
+return {recovered, dead, promoted, forgotten, ended, more}

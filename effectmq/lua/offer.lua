@@ -1,5 +1,5 @@
 --[[ offer: add one or more tasks; an id that exists (or is still reserved) is left untouched.
-KEYS: the queue keys of lib.lua.
+KEYS: the queue keys of lib.lua, then the task hash of each record's id, in order.
 ARGV[1] count  the number of tasks
 ARGV[2...] tasks...: 9 values each: id, explicit_id, name, payload, delay_ms, priority,
   max_retries, max_stalled_count, options
@@ -11,6 +11,7 @@ local now = now_ms()
 local n = tonumber(ARGV[1])
 local created = {}
 local woke = false
+local ready = {}  -- ids the wake message names
 local first_due = next_due()
 for i = 0, n - 1 do
   local b = 2 + i * 9
@@ -34,11 +35,12 @@ for i = 0, n - 1 do
       end
     else
       enqueue_waiting(id, key, now)
+      ready[#ready + 1] = id
       woke = true
     end
     emit('created', id, 'name', ARGV[b + 2])
     created[#created + 1] = 1
   end
 end
-if woke then wake() end
+if woke then wake(ready) end
 return created

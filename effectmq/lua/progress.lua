@@ -1,5 +1,5 @@
 --[[ progress: store the progress value of an owned task.
-KEYS: the queue keys of lib.lua.
+KEYS: the queue keys of lib.lua, then the task hash of ARGV's id.
 ARGV[1] id
 ARGV[2] token
 ARGV[3] progress  JSON

@@ -1,5 +1,5 @@
 --[[ release: give an owned task back without counting a failure.
-KEYS: the queue keys of lib.lua.
+KEYS: the queue keys of lib.lua, then the task hash of ARGV's id.
 ARGV[1] id
 ARGV[2] token
 ARGV[3] delay_ms  0 = ready now
@@ -21,6 +21,6 @@ if delay > 0 then
   freed_slot()
 else
   enqueue_waiting(id, key, now)
-  wake()
+  wake({id})
 end
 return OUTCOME_RELEASED

@@ -1,5 +1,5 @@
 --[[ renew: extend the leases the caller still owns.
-KEYS: the queue keys of lib.lua.
+KEYS: the queue keys of lib.lua, then the task hash of each record's id, in order.
 ARGV[1] lock_timeout_ms  the queue's meta lock_timeout_ms wins when set
 ARGV[2...] leases...: 2 values each: id, token
 Returns: {now, deadline, owned...}  owned: 1 (renewed) or 0 (lease lost) per lease

@@ -1,5 +1,5 @@
 --[[ retry: put a failed or canceled task back to waiting with fresh failure counters.
-KEYS: the queue keys of lib.lua.
+KEYS: the queue keys of lib.lua, then the task hash of ARGV's id.
 ARGV[1] id
 Returns: previous_state  the state the task was in ("" when unknown); only failed and
   canceled tasks are retried.
@@ -15,5 +15,5 @@ redis.call('HSET', key, 'handler_failure_count', 0, 'stalled_attempt_count', 0, 
 redis.call('HDEL', key, 'error')
 enqueue_waiting(id, key, now)
 emit('retried', id, 'was', state)
-wake()
+wake({id})
 return state

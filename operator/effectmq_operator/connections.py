@@ -1,9 +1,15 @@
 """The operator's Redis connections: one client per distinct Redis (URL and TLS
-settings), shared by every Queue and Schedule that lives there.
+settings), shared by every Queue and Schedule that lives there, on a pool of at
+most CONNECTIONS_PER_REDIS connections however many Queues it holds.
 
-URLs from Secrets and CA bundles are read through a short cache (a Secret read
-per poll would cost an API call per Queue every few seconds); a Redis error
-drops the cached value, so a rotated password is picked up on the next try.
+URLs from Secrets and CA bundles come from a cache that the watch on Secrets keeps
+current (handlers.py), so a rotated password is used on the next poll and no poll
+reads a Secret; each Secret is read once, when a Queue first refers to it.
+
+A Redis that did not answer is tried again by one poll at a time: while that poll
+is in flight, the other Queues there report the same problem at once instead of
+each holding a poll slot until its timeout.
+
 Credentials stay inside: every message that leaves this module is scrubbed of
 the URL's secrets.
 """
@@ -11,9 +17,12 @@ the URL's secrets.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable, TypeVar
 
 from kubernetes.client.rest import ApiException
 import redis.asyncio as aioredis
@@ -24,13 +33,17 @@ from effectmq.redaction import redact_url, scrub, url_secrets
 from effectmq.scheduler import Scheduler
 
 from .kube import Kube, api_error
+from .workqueue import newer
 from .spec import RedisSpec, SecretKeyRef
 from .status import Problem
 
 log = logging.getLogger("effectmq.operator.connections")
+T = TypeVar("T")
 SCHEDULER_NAMESPACE = "k8s"  # schedules live under {emq-sched:k8s} in each Queue's Redis
-SECRET_TTL = 120.0  # seconds a Secret's value is reused before it is read again
-URL_SCHEMES = ("redis://", "rediss://", "unix://")
+CONNECTIONS_PER_REDIS = 8  # also the polls at once per Redis: each uses one connection at a time
+IDLE_CLIENT = 600.0  # seconds unused after which a Redis client is closed (a slower poll just reconnects)
+SLOT_WAIT = 1.0  # seconds without any poll finishing on a Redis after which one waiting for a turn gives up
+URL_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")  # effectmq.cluster
 
 
 class ConfigProblem(Exception):
@@ -40,6 +53,24 @@ class ConfigProblem(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
+
+
+class StillUnreachable(Exception):
+    """A poll not tried: its Redis did not answer the last one, and another poll is trying it again."""
+
+    def __init__(self, problem: Problem):
+        super().__init__(problem.message)
+        self.problem = problem
+
+
+@dataclass
+class _Reach:
+    """The polls on one Redis: a turn each, and whether the last one got through."""
+
+    slots: asyncio.Semaphore
+    in_flight: int = 0  # polls waiting for a turn or talking to it
+    finished: int = 0  # polls that had their turn, answered or not
+    problem: Problem | None = None  # why the last poll could not reach it
 
 
 @dataclass(frozen=True)
@@ -58,35 +89,69 @@ class RedisTarget:
 
 
 class Connections:
-    def __init__(self, kube: Kube, *, max_connections: int = 64, socket_timeout: float = 5.0):
+    def __init__(self, kube: Kube, *, max_connections: int = CONNECTIONS_PER_REDIS, socket_timeout: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.kube = kube
+        self.clock = clock
         self.max_connections = max_connections
         self.socket_timeout = socket_timeout
         self._clients: dict[RedisTarget, aioredis.Redis] = {}
         self._queues: dict[tuple[RedisTarget, str], effectmq.TaskQueue] = {}
         self._schedulers: dict[RedisTarget, Scheduler] = {}
-        self._secrets: dict[tuple[str, str, str], tuple[float, bytes | None]] = {}
+        # (namespace, name) -> the Secret's metadata and data as last watched or read; data None: no such Secret
+        self._secrets: dict[tuple[str, str], dict] = {}
+        self._wanted: set[tuple[str, str]] = set()  # Secrets a Queue referred to
+        self._reads: dict[tuple[str, str], asyncio.Future] = {}  # Secrets being read now
+        self._reach: dict[RedisTarget, _Reach] = {}
+        self._used: dict[RedisTarget, float] = {}  # when each Redis was last used
+        self._idle_checked = clock()
 
-    # -- where a Redis is ------------------------------------------------------------
+    # -- Secrets (kept current by the watch) --------------------------------------
+
+    def observe_secret(self, event_type: str | None, body: dict) -> None:
+        """A watch event on a Secret: the cache now holds this version (or its absence).
+        Only Secrets a Queue referred to are kept (not every Secret in the cluster)."""
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace"), meta.get("name"))
+        if key not in self._wanted:
+            return
+        self._store(key, {"metadata": meta, "data": None if event_type == "DELETED" else body.get("data") or {}})
+
+    def _store(self, key: tuple[str, str], entry: dict) -> None:
+        known = self._secrets.get(key)
+        if known is None or newer(entry, known):
+            self._secrets[key] = entry
+
+    async def _read_secret(self, key: tuple[str, str]) -> None:
+        """Read a Secret the watch has not delivered (one read per Secret, however many ask;
+        a poll that gives up waiting does not cancel it for the others)."""
+        pending = self._reads.get(key)
+        if pending is None:
+            pending = self._reads[key] = asyncio.ensure_future(self._fetch_secret(key))
+            pending.add_done_callback(lambda _: self._reads.pop(key, None))
+        try:
+            await asyncio.shield(pending)
+        except ApiException as exc:
+            raise ConfigProblem("SecretUnreadable", f"Secret {key[0]}/{key[1]}: {api_error(exc)}") from None
+
+    async def _fetch_secret(self, key: tuple[str, str]) -> None:
+        entry = await self.kube.secret(*key)
+        # A watch event that came during the read is at least as new: _store keeps it.
+        self._store(key, entry or {"metadata": {"resourceVersion": "0"}, "data": None})
 
     async def _secret(self, namespace: str, ref: SecretKeyRef) -> bytes:
-        key = (namespace, ref.name, ref.key)
-        cached = self._secrets.get(key)
-        if cached is not None and time.monotonic() - cached[0] < SECRET_TTL:
-            value = cached[1]
-        else:
-            try:
-                value = await self.kube.secret_value(namespace, ref.name, ref.key)
-            except ApiException as exc:
-                raise ConfigProblem("SecretUnreadable", f"Secret {namespace}/{ref.name}: {api_error(exc)}") from None
-            self._secrets[key] = (time.monotonic(), value)
-        if value is None:
+        key = (namespace, ref.name)
+        self._wanted.add(key)  # from now on the watch keeps it current
+        if key not in self._secrets:
+            await self._read_secret(key)
+        raw = (self._secrets[key]["data"] or {}).get(ref.key)
+        if raw is None:
             raise ConfigProblem("SecretNotFound", f"Secret {namespace}/{ref.name} with key {ref.key!r} not found")
-        return value
-
-    def forget(self) -> None:
-        """Drop cached Secret values (after a Redis error: the Secret may have been rotated)."""
-        self._secrets.clear()
+        try:
+            return base64.b64decode(raw)
+        except (binascii.Error, ValueError):
+            raise ConfigProblem("SecretUnreadable", f"Secret {namespace}/{ref.name} key {ref.key!r} is not "
+                                "base64 data") from None
 
     async def target(self, namespace: str, redis: RedisSpec) -> RedisTarget:
         """The Redis of a Queue's spec; ConfigProblem when its Secret or URL is unusable."""
@@ -101,7 +166,8 @@ class Connections:
             url, where = redis.url or "", "spec.redis.url"
         if not url.startswith(URL_SCHEMES):
             # Never echo the value: a mistyped Secret may hold a bare password.
-            raise ConfigProblem("InvalidRedisURL", f"{where} does not hold a redis://, rediss:// or unix:// URL")
+            raise ConfigProblem("InvalidRedisURL", f"{where} does not hold a redis://, rediss://, unix:// "
+                                                   "or redis+cluster:// URL")
         ca = None
         if redis.tls.ca_from:
             ca = (await self._secret(namespace, redis.tls.ca_from)).decode(errors="replace")
@@ -111,6 +177,7 @@ class Connections:
     # -- clients -----------------------------------------------------------------
 
     def client(self, target: RedisTarget) -> aioredis.Redis:
+        self._touch(target)
         client = self._clients.get(target)
         if client is None:
             try:
@@ -122,6 +189,7 @@ class Connections:
         return client
 
     def queue(self, target: RedisTarget, name: str) -> effectmq.TaskQueue:
+        self._touch(target)
         q = self._queues.get((target, name))
         if q is None:
             q = effectmq.TaskQueue(name, redis=self.client(target), url=target.url)  # url: for messages, masked
@@ -129,26 +197,93 @@ class Connections:
         return q
 
     def scheduler(self, target: RedisTarget) -> Scheduler:
+        self._touch(target)
         scheduler = self._schedulers.get(target)
         if scheduler is None:
             scheduler = Scheduler(self.client(target), namespace=SCHEDULER_NAMESPACE, url=target.url)
             self._schedulers[target] = scheduler
         return scheduler
 
+    def _touch(self, target: RedisTarget) -> None:
+        """Note a use of `target`; close the clients of Redis targets nobody used for IDLE_CLIENT
+        (a rotated Secret leaves its old URL behind, a Queue moves or goes away)."""
+        now = self.clock()
+        self._used[target] = now
+        if now - self._idle_checked < IDLE_CLIENT / 10:
+            return
+        self._idle_checked = now
+        for idle in [t for t, used in self._used.items() if now - used > IDLE_CLIENT]:
+            del self._used[idle]
+            self._reach.pop(idle, None)
+            self._schedulers.pop(idle, None)
+            for key in [k for k in self._queues if k[0] == idle]:
+                del self._queues[key]
+            client = self._clients.pop(idle, None)
+            if client is not None:
+                asyncio.ensure_future(self._close_client(idle, client))
+
+    @staticmethod
+    async def _close_client(target: RedisTarget, client: aioredis.Redis) -> None:
+        try:
+            await client.aclose()
+        except Exception as exc:  # closing a dead connection is not a problem
+            log.debug("closing %r: %s", target, exc)
+
     def problem(self, exc: BaseException, target: RedisTarget | None = None) -> Problem:
         """What a failure means for a resource's conditions, with no credential in it."""
         secrets = target.secrets if target else ()
+        if isinstance(exc, StillUnreachable):
+            return exc.problem
         if isinstance(exc, ConfigProblem):
             return Problem(exc.reason, scrub(exc.message, *secrets), permanent=True)
         if isinstance(exc, effectmq.InvalidOption):
             return Problem("InvalidSpec", scrub(str(exc), *secrets), permanent=True)
-        self.forget()
         if isinstance(exc, effectmq.RedisUnavailable):
             return Problem("RedisUnreachable", scrub(str(exc), *secrets))
         if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-            where = f" at {target!r}" if target else ""
+            where = f" at {redact_url(target.url)}" if target else ""
             return Problem("RedisUnreachable", f"Redis{where} did not answer in time")
         return Problem("RedisError", scrub(f"Redis error: {type(exc).__name__}: {exc}", *secrets))
+
+    # -- polls, a few at a time per Redis ---------------------------------------------
+
+    async def poll(self, target: RedisTarget, work: Callable[[], Awaitable[T]], deadline: float) -> T:
+        """Run one poll's Redis calls on `target`, at most max_connections at once there.
+
+        A poll that gets no answer within `deadline`, or waits SLOT_WAIT for a turn
+        while no poll there finishes, marks the Redis unreachable; until one of the
+        polls in flight gets through again, others fail at once (StillUnreachable)
+        instead of each spending a reconcile slot waiting for their timeout."""
+        reach = self._reach.get(target)
+        if reach is None:
+            reach = self._reach[target] = _Reach(asyncio.Semaphore(self.max_connections))
+        if reach.problem is not None and reach.in_flight:
+            raise StillUnreachable(reach.problem)
+        reach.in_flight += 1
+        try:
+            while True:
+                finished = reach.finished
+                try:
+                    async with asyncio.timeout(SLOT_WAIT):
+                        await reach.slots.acquire()
+                    break
+                except TimeoutError:
+                    if reach.finished == finished:  # busy is fine, stuck is not
+                        raise
+            try:
+                async with asyncio.timeout(deadline):
+                    result = await work()
+            finally:
+                reach.slots.release()
+                reach.finished += 1
+        except Exception as exc:
+            problem = self.problem(exc, target)
+            reach.problem = problem if problem.reason == "RedisUnreachable" else None
+            raise
+        finally:
+            reach.in_flight -= 1
+        reach.problem = None
+        return result
 
     async def close(self) -> None:
         """Close every client (the operator is stopping)."""
@@ -156,7 +291,4 @@ class Connections:
         self._queues.clear()
         self._schedulers.clear()
         for target, client in clients.items():
-            try:
-                await client.aclose()
-            except Exception as exc:  # closing a dead connection is not a problem
-                log.debug("closing %r: %s", target, exc)
+            await self._close_client(target, client)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from effectmq import protocol, queue as queue_module, scripts
+from effectmq.keys import QueueKeys
 from effectmq.protocol import SCRIPTS, SETTING_DEFAULTS, AcquireStatus, Outcome
 
 LUA = Path(protocol.__file__).parent / "lua"
@@ -43,6 +44,7 @@ def names(listed: str) -> list[str]:
 
 @dataclasses.dataclass
 class Header:
+    keys: str  # what the KEYS line says follows the queue keys ("" when nothing does)
     argv: list[str]  # scalar arguments in order, then "name..." for records
     records: dict[str, list[str]]  # "name..." -> the values of one record
     returns: list[str]  # the reply's names ("name..." for what follows)
@@ -50,9 +52,11 @@ class Header:
 
 
 def parse_header(operation: str) -> Header:
-    h = Header([], {}, [], False)
+    h = Header("", [], {}, [], False)
     for line in header_lines(operation):
-        if m := re.match(r"ARGV\[(\d+)\.\.\.\] (\w+\.\.\.): (\d+) values each: (.*)$", line):
+        if m := re.match(r"KEYS: the queue keys of lib\.lua(?:, then (.*?))?\.?$", line):
+            h.keys = m.group(1) or ""
+        elif m := re.match(r"ARGV\[(\d+)\.\.\.\] (\w+\.\.\.): (\d+) values each: (.*)$", line):
             index, name, count, values = m.groups()
             assert int(index) == len(h.argv) + 1, f"{operation}: {name} starts at ARGV[{index}]"
             h.argv.append(name)
@@ -74,12 +78,19 @@ def parse_header(operation: str) -> Header:
     return h
 
 
+def in_keys(f: dataclasses.Field) -> bool:
+    """A field that travels as task hashes in KEYS (protocol.declared_keys), not in ARGV."""
+    return bool(f.metadata.get("keys"))
+
+
 def layout(cls: type) -> tuple[list[str], dict[str, list[str]]]:
-    """A dataclass's fields as header names, and the values of its repeated records."""
+    """A dataclass's ARGV fields as header names, and the values of its repeated records."""
     hints = typing.get_type_hints(cls)
     out: list[str] = []
     records: dict[str, list[str]] = {}
     for f in dataclasses.fields(cls):
+        if in_keys(f):
+            continue
         hint = hints[f.name]
         if typing.get_origin(hint) in SEQUENCES:
             item = typing.get_args(hint)[0]
@@ -111,6 +122,46 @@ def test_header_arguments_match_the_dataclass(operation):
 
 
 @pytest.mark.parametrize("operation", sorted(SCRIPTS))
+def test_header_keys_match_the_task_ids(operation):
+    """Every script names what follows the queue keys: a field sent as KEYS, or the ids of
+    its ARGV; a script that takes no task ids declares none."""
+    header = parse_header(operation)
+    cls = SCRIPTS[operation]
+    key_fields = [f.name for f in dataclasses.fields(cls) if in_keys(f)]
+    uses_ids = cls.task_ids is not protocol.ScriptArgs.task_ids
+    assert bool(header.keys) == uses_ids, operation
+    if key_fields:
+        assert header.keys.startswith(f"{key_fields[0]}: the task hashes of ids"), operation
+    elif uses_ids:
+        assert header.keys.startswith("the task hash of"), operation
+    touches_tasks = re.search(r"\b(task_key|owned|outcome_of|promote_if_due)\(", read(operation))
+    assert bool(touches_tasks) == uses_ids, operation
+
+
+def test_the_queue_keys_are_those_lib_lua_counts():
+    lib = read("lib")
+    count = int(re.search(r"local QUEUE_KEYS = (\d+)", lib).group(1))
+    keys = QueueKeys("emq", "q").script_keys
+    assert len(keys) == count
+    documented = re.findall(r"^  KEYS\[(\d+)\] +(\w+)", lib, re.M)
+    assert [int(i) for i, _ in documented] == list(range(1, count + 1))
+    assert [keys[0]] + [keys[0] + name for _, name in documented[1:]] == keys
+
+
+async def test_a_script_refuses_a_task_hash_it_was_not_given(make_queue):
+    """The rule is enforced in Lua: task_key() of an undeclared id is an error reply."""
+    q = make_queue("protocol-undeclared")
+    await q.offer("job", {}, task_id="t1")
+    lease = await q.acquire()
+    with pytest.raises(Exception, match="undeclared task key"):
+        await q.redis.eval(scripts.source("progress"), len(q.keys.script_keys), *q.keys.script_keys,
+                              "t1", lease.token, "1")
+    assert (await q.get("t1")).progress is None
+    await lease.progress(1)  # the same call, declared by the runner
+    assert (await q.get("t1")).progress == 1
+
+
+@pytest.mark.parametrize("operation", sorted(SCRIPTS))
 def test_header_reply_matches_the_dataclass(operation):
     header = parse_header(operation)
     returns, records = layout(SCRIPTS[operation].Reply)
@@ -126,7 +177,7 @@ def test_argv_follows_the_field_order(operation):
     hints = typing.get_type_hints(cls)
     given: dict[str, object] = {}
     for f in dataclasses.fields(cls):
-        if not f.init:
+        if not f.init or in_keys(f):
             continue
         if typing.get_origin(hints[f.name]) in SEQUENCES:
             item = typing.get_args(hints[f.name])[0]
@@ -136,6 +187,8 @@ def test_argv_follows_the_field_order(operation):
     args = cls(**given)
     expected: list = []
     for f in dataclasses.fields(cls):
+        if in_keys(f):
+            continue
         value = getattr(args, f.name)
         if f.name in given and isinstance(value, list):
             expected += [v for record in value for v in record]
@@ -195,8 +248,9 @@ def test_no_numeric_default_is_written_in_lua():
 
 def test_replies_parse_into_named_fields():
     lease = [b"t1", b"tok:1", 1, b"job", b"{}", b"0", b"0", b"-1", b"", b"0"]
-    reply = protocol.AcquireArgs(1, 1000, "p", 10).parse([1000, 2000, -1, b"limited", *lease])
+    reply = protocol.AcquireArgs(1, 1000, "p", 10, 32, 16).parse([1000, 2000, -1, b"limited", [b"t2"], [], *lease])
     assert (reply.status, reply.granted, reply.next_due_in) == (AcquireStatus.LIMITED, 1.0, None)
+    assert (reply.ready, reply.due) == ((b"t2",), ())
     assert reply.leases[0].values["token"] == "tok:1"
     assert protocol.MaintainArgs(1, 1, "", -1).parse([1, 2, 3, 4, 5, 1]) == protocol.MaintainReply(1, 2, 3, 4, 5, True)
     assert protocol.FailArgs("t", "k", "{}", -1, 3, -1).parse([3, 1, -1]).outcome is Outcome.FAILED

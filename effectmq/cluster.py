@@ -1,0 +1,121 @@
+"""Redis Cluster: the cluster URL form and the client it gives.
+
+URL form (the seed list of the Sentinel URL form, effectmq.sentinel)::
+
+    redis+cluster://[[user]:password@]host1[:port1][,host2[:port2],...][/0][?options]
+    rediss+cluster://...   (TLS to every node)
+
+- the hosts are seed nodes (port 6379 when left out): any one that answers is enough,
+  the client reads the slot map (CLUSTER SLOTS) from it and finds every other node;
+- ``user``/``password`` (percent-encoded) authenticate to every node;
+- the db, when given, must be 0 (a cluster has no other);
+- options: ``password``, ``username`` and redis-py's connection options
+  (``socket_timeout``, ``socket_connect_timeout``, ``health_check_interval``, ...).
+
+Example: ``redis+cluster://:s3cret@10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000``.
+
+Every key of a queue shares one hash tag (``{emq:<queue>}``), so a queue lives in one
+slot; `effectmq.routing` sends its script calls to that slot's master and follows
+MOVED and ASK. Passwords are never shown: messages name the URL through `redact_url`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
+
+from .redaction import CLUSTER_SCHEMES
+
+__all__ = ["ClusterTarget", "cluster_client", "is_cluster_url", "parse_cluster_url"]
+
+DEFAULT_PORT = 6379
+_OWN_OPTIONS = {"password", "username", "db"}
+_NOT_IN_URL = {"max_connections", "timeout"}  # set by connect()
+
+
+@dataclass(frozen=True)
+class ClusterTarget:
+    """A parsed cluster URL. `repr` never shows a password."""
+
+    seeds: tuple[tuple[str, int], ...]
+    tls: bool = False
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    options: dict[str, Any] = field(default_factory=dict)  # further redis-py connection options
+
+
+def is_cluster_url(url: object) -> bool:
+    """Whether `url` is a redis+cluster:// or rediss+cluster:// URL."""
+    if not isinstance(url, str):
+        return False
+    scheme, sep, _ = url.partition("://")
+    return bool(sep) and scheme.lower() in CLUSTER_SCHEMES
+
+
+def parse_cluster_url(url: str) -> ClusterTarget:
+    """The parts of a cluster URL; ValueError (never quoting a password) when malformed."""
+    if not is_cluster_url(url):
+        raise ValueError("not a redis+cluster:// or rediss+cluster:// URL")
+    parts = urlsplit(url)
+    if parts.fragment:
+        raise ValueError("a cluster URL has no #fragment (percent-encode '#' in a password)")
+    userinfo, _, hostinfo = parts.netloc.rpartition("@")
+    seeds = []
+    for address in hostinfo.split(","):
+        piece = urlsplit(f"//{address}")
+        port = piece.port  # ValueError when not a number
+        if not piece.hostname:
+            raise ValueError("a cluster URL lists its seed nodes as host[:port],host[:port],...")
+        seeds.append((piece.hostname, port or DEFAULT_PORT))
+    db = parts.path.strip("/")
+    if db not in ("", "0"):
+        raise ValueError("a Redis Cluster has only db 0: leave the path out or give /0")
+    user, colon, password = userinfo.partition(":")
+    found: dict[str, Any] = {"username": unquote(user) if user else None,
+                             "password": unquote(password) if colon and password else None}
+    options: dict[str, Any] = {}
+    for name, value in parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)):
+        if name in _OWN_OPTIONS:
+            if name == "db":
+                if value not in ("", "0"):
+                    raise ValueError("a Redis Cluster has only db 0")
+            elif not found.get(name):  # userinfo wins, as in redis-py
+                found[name] = value or None
+        elif name in URL_QUERY_ARGUMENT_PARSERS and name not in _NOT_IN_URL:
+            try:
+                options[name] = URL_QUERY_ARGUMENT_PARSERS[name](value)
+            except (TypeError, ValueError):
+                raise ValueError(f"invalid value for {name!r} in the cluster URL") from None
+        else:
+            raise ValueError(f"unknown option {name!r} in the cluster URL")
+    return ClusterTarget(tuple(seeds), tls=parts.scheme == "rediss+cluster", options=options, **found)
+
+
+def cluster_client(url: str, *, max_connections: int | None = None, **redis_options: Any) -> RedisCluster:
+    """A client for the cluster that `url` seeds (it connects on first use).
+
+    `redis_options` are redis-py connection options (socket timeouts, TLS files, ...);
+    options in the URL's query take precedence. `max_connections` bounds each node's
+    pool (redis-py's cluster pools fail beyond it: a retryable error, never a wait).
+    Raises ValueError for a malformed URL.
+    """
+    target = parse_cluster_url(url)
+    options: dict[str, Any] = {"decode_responses": True, **redis_options, **target.options}
+    for name in ("username", "password"):
+        if getattr(target, name):
+            options[name] = getattr(target, name)
+    if target.tls:
+        options["ssl"] = True
+    else:
+        for name in [k for k in options if k.startswith("ssl_")]:
+            del options[name]  # TLS settings for a plain-text URL: nothing to apply them to
+    if max_connections is not None:
+        options["max_connections"] = max_connections
+    # Partial coverage is served: while a dead master's replica takes over, the queues
+    # on the other masters keep working (the uncovered slots' calls are retryable).
+    return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in target.seeds],
+                        require_full_coverage=False, **options)
