@@ -2,11 +2,15 @@
 
 Every key shares the hash tag ``{<prefix>-sched:<namespace>}`` (one slot on Redis
 Cluster); the layout is documented in ``lua/lib.lua``. Schedules are found through
-a zset ordered by next fire time, so a pass reads only the due ones.
+a zset ordered by next fire time, so a pass reads only the due ones. Each script is
+given every key it touches: the schedule hashes of a call are known before it is
+sent (the due candidates are read first). Every state change of a schedule is
+numbered in a change feed, so a status mirror reads only what changed.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -21,7 +25,7 @@ from ..keys import check_queue_name
 from .errors import InvalidSchedule
 from .model import ScheduleSpec, ScheduleStatus, utc_from_ms
 
-OPERATIONS = ("put", "remove", "due", "advance")
+OPERATIONS = ("put", "remove", "due", "advance", "read")
 
 
 @cache
@@ -84,6 +88,11 @@ class Outcome:
         return out
 
 
+# How far past the estimate of Redis time `due` reads candidates: a schedule falling
+# due meanwhile is among them; an estimate short by more (a clock step) only delays
+# those after it to the next call (due.lua reports them as next).
+CANDIDATES_AHEAD_MS = 2000
+
 # advance.lua's answers
 APPLIED, GONE, CHANGED, LOST, FUTURE = 1, 0, -1, -2, -3
 
@@ -102,16 +111,20 @@ class ScheduleStore:
         self.client = client
         self.namespace = namespace
         self.base = f"{{{prefix}-sched:{namespace}}}:"
-        self.keys = [self.base, self.base + "due", self.base + "index"]
+        self.due_key, self.index_key, self.changes_key = self.base + "due", self.base + "index", self.base + "changes"
+        self.keys = [self.due_key, self.index_key, self.changes_key]  # lib.lua's KEYS[1..3]
         self._scripts = {op: client.register_script(source(op)) for op in OPERATIONS}
         self._redis_errors = RedisErrors(client, f"at {url} (scheduler namespace {namespace!r})")
+        self._redis_clock_offset_ms: int | None = None  # Redis time less local time, as `due` last saw it
 
     def key(self, schedule_id: str) -> str:
         return self.base + "s:" + schedule_id
 
-    async def _call(self, operation: str, argv: Sequence) -> Any:
+    async def _call(self, operation: str, schedule_ids: Sequence[str], argv: Sequence) -> Any:
+        """A script call given the scheduler keys and the hashes of `schedule_ids`."""
+        keys = self.keys + [self.key(i) for i in dict.fromkeys(schedule_ids)]
         with self._redis_errors:
-            return await self._scripts[operation](keys=self.keys, args=list(argv))
+            return await self._scripts[operation](keys=keys, args=list(argv))
 
     async def _read(self, coro) -> Any:
         with self._redis_errors:
@@ -121,23 +134,38 @@ class ScheduleStore:
 
     async def put(self, spec: ScheduleSpec) -> tuple[str, int, int]:
         """Store a definition; returns (version, cursor ms, Redis now ms)."""
-        version, cursor, now = await self._call("put", [spec.id, spec.dumps(), spec.timing, int(spec.suspend)])
+        version, cursor, now = await self._call("put", [spec.id], [spec.id, spec.dumps(), spec.timing,
+                                                                   int(spec.suspend)])
         return str(version), int(cursor), int(now)
 
     async def remove(self, schedule_id: str) -> bool:
-        return bool(await self._call("remove", [schedule_id]))
+        return bool(await self._call("remove", [schedule_id], [schedule_id]))
 
     async def advance(self, outcomes: Sequence[Outcome]) -> list[int]:
         if not outcomes:
             return []
         encoded = codec.dumps([o.to_json() for o in outcomes], "scheduler outcomes")
-        return [int(r) for r in await self._call("advance", [encoded])]
+        return [int(r) for r in await self._call("advance", [o.id for o in outcomes], [encoded])]
 
     # -- reads -----------------------------------------------------------------
 
     async def due(self, batch: int, upto_ms: int | None = None) -> DueBatch:
-        """Up to `batch` schedules due now (or already at `upto_ms`, when that is earlier)."""
-        reply = await self._call("due", [batch] if upto_ms is None else [batch, upto_ms])
+        """Up to `batch` schedules due now (or already at `upto_ms`, when that is earlier).
+
+        The earliest `batch` entries are read first, so that due.lua is given their
+        hashes; it keeps those due by Redis time. The read stops at `upto_ms`, else at
+        an estimate of Redis time (the last reply's, moved on by the local clock) plus
+        CANDIDATES_AHEAD_MS: an idle pass over 50,000 schedules then reads none of
+        them instead of a batch (5.7 ms a pass instead of 0.2 here)."""
+        bound: int | str = "+inf"
+        if upto_ms is not None:
+            bound = upto_ms
+        elif self._redis_clock_offset_ms is not None:
+            bound = _local_ms() + self._redis_clock_offset_ms + CANDIDATES_AHEAD_MS
+        candidates = await self._read(self.client.zrangebyscore(self.due_key, "-inf", bound, start=0, num=batch))
+        argv = ["" if upto_ms is None else upto_ms, "" if bound == "+inf" else bound, *candidates]
+        reply = await self._call("due", candidates, argv)
+        self._redis_clock_offset_ms = int(reply[0]) - _local_ms()
         rows = [Row(reply[i], reply[i + 1], reply[i + 2], _int(reply[i + 3])) for i in range(2, len(reply), 4)]
         upcoming = int(float(reply[1]))
         return DueBatch(int(reply[0]), None if upcoming < 0 else upcoming, rows)
@@ -152,7 +180,7 @@ class ScheduleStore:
         entry whose hash is gone or lacks a version or cursor is passed over; the next
         `due` call removes or repairs it.
         """
-        ids = await self._read(self.client.zrangebyscore(self.keys[1], "-inf", upto_ms, start=skip, num=batch))
+        ids = await self._read(self.client.zrangebyscore(self.due_key, "-inf", upto_ms, start=skip, num=batch))
         now, hashes = await self._hashes(ids)
         rows = [Row(i, spec, version, _int(cursor)) for i, (spec, version, cursor) in zip(ids, hashes)
                 if spec is not None and version is not None and cursor is not None]
@@ -165,14 +193,9 @@ class ScheduleStore:
         return DueBatch(now, None, rows)
 
     async def _hashes(self, ids: Sequence[str]) -> tuple[int, list[list[str | None]]]:
-        """Redis time (ms) and each schedule's spec, version and cursor, in one transaction."""
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.time()
-            for schedule_id in ids:
-                pipe.hmget(self.key(schedule_id), "spec", "version", "cursor")
-            replies = await self._read(pipe.execute())
-        seconds, micros = replies[0]
-        return int(seconds) * 1000 + int(micros) // 1000, replies[1:]
+        """Redis time (ms) and each schedule's spec, version and cursor, read at one instant."""
+        now, *hashes = await self._call("read", ids, ids)
+        return int(now), hashes
 
     async def ping(self) -> None:
         await self._read(self.client.ping())
@@ -180,7 +203,18 @@ class ScheduleStore:
     async def ids(self, *, after: str | None = None, limit: int = 1000) -> list[str]:
         """Schedule ids in lexicographic order, `limit` at a time (page with `after`)."""
         start = "-" if after is None else "(" + after
-        return await self._read(self.client.zrangebylex(self.keys[2], start, "+", 0, limit))
+        return await self._read(self.client.zrangebylex(self.index_key, start, "+", 0, limit))
+
+    async def changes(self, *, after: int = 0, limit: int = 1000) -> list[tuple[str, int]]:
+        """(id, change number) of the schedules whose state changed after change `after`,
+        in change order, `limit` at a time (page with the last number)."""
+        read = self.client.zrangebyscore(self.changes_key, f"({after}", "+inf", start=0, num=limit, withscores=True)
+        return [(i, int(n)) for i, n in await self._read(read)]
+
+    async def last_change(self) -> int:
+        """The number of the latest change (0: none recorded)."""
+        top = await self._read(self.client.zrange(self.changes_key, -1, -1, withscores=True))
+        return int(top[0][1]) if top else 0
 
     async def statuses(self, ids: Sequence[str]) -> list[ScheduleStatus | None]:
         async with self.client.pipeline(transaction=False) as pipe:
@@ -188,6 +222,10 @@ class ScheduleStore:
                 pipe.hgetall(self.key(schedule_id))
             hashes = await self._read(pipe.execute())
         return [parse_status(i, h) if h else None for i, h in zip(ids, hashes)]
+
+
+def _local_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _int(value: str | None) -> int | None:

@@ -10,6 +10,13 @@ block namespace deletion whenever the operator is not running.)
 Tick task ids are deterministic, so two operator replicas (or a leader handover
 mid-pass) never create a tick's task twice. Each Redis has its own tick loop with
 a deadline per pass: a paused Redis delays nothing else.
+
+The status mirror reads only the schedules whose state changed: the scheduler
+numbers every change in its change feed, and the mirror reads the feed after its
+cursor (whoever made the change: this operator's pass, another scheduler, an
+earlier leader). A full round (each term's first, then every MIRROR_RESYNC_EVERY)
+compares every schedule, so a change missed (a failed write, a feed that was
+reset) heals.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from effectmq.scheduler.errors import InvalidSchedule
@@ -37,6 +44,9 @@ log = logging.getLogger("effectmq.operator.schedules")
 RESYNC_EVERY = 60.0  # seconds between full reconciles of an unchanged Schedule
 MIRROR_EVERY = 30.0  # a Schedule that fires more often gets its status written at most this often
 GC_EVERY = 60.0  # seconds between comparisons of a Redis' schedules with the live resources
+MIRROR_RESYNC_EVERY = 300.0  # seconds between full mirror rounds
+MIRROR_BATCH = 1000  # changes read, and schedules compared by a full round, per mirror round
+MIRROR_WRITES_AT_ONCE = 16  # status patches in flight per mirror round (the API pool has 32 threads)
 
 
 @dataclass
@@ -44,6 +54,16 @@ class ScheduleRuntime:
     placed: RedisTarget | None = None  # where the definition is stored
     stored: str | None = None  # the definition as last stored there (JSON)
     mirrored_at: float | None = None  # monotonic time its ticks were last copied into the status
+
+
+@dataclass
+class MirrorFeed:
+    """Where the status mirror of one Redis stands in that Redis' change feed."""
+
+    cursor: int | None = None  # the last change number mirrored; None: a full round is due
+    full_at: float = 0.0  # monotonic time of the next full round
+    resync: list[str] = field(default_factory=list)  # what the full round under way has still to compare
+    held: set[str] = field(default_factory=set)  # changed, written once MIRROR_EVERY allows
 
 
 class ScheduleController:
@@ -62,6 +82,7 @@ class ScheduleController:
         self.work = WorkQueue(self._reconcile_key, interval=lambda key: RESYNC_EVERY, concurrency=concurrency,
                               deadline=deadline, describe=lambda key, exc: describe_failure(exc, _secrets(self._placed(key))))
         self._tickers: dict[RedisTarget, asyncio.Task] = {}
+        self._feeds: dict[RedisTarget, MirrorFeed] = {}
         self._removals: set[asyncio.Task] = set()
         queues.listeners.append(self._queue_changed)
 
@@ -253,12 +274,10 @@ class ScheduleController:
                     next_gc = time.monotonic() + GC_EVERY
                 report = await asyncio.wait_for(self.connections.scheduler(target).tick(), self.deadline)
                 failures = 0
-                touched = {m.schedule_id for m in report.materialized} | set(report.errors)
                 for m in report.materialized:
                     if m.created:
                         metrics.TICKS.labels(m.schedule_id).inc()
-                if touched:
-                    await self._mirror(target, sorted(touched))
+                await asyncio.wait_for(self._mirror(target), self.deadline)
                 await asyncio.sleep(0 if report.more else self.tick_every)
             except asyncio.CancelledError:
                 raise
@@ -270,25 +289,76 @@ class ScheduleController:
                     log.warning("schedule pass on %r failed: %s", target, describe_failure(exc, target.secrets))
                 await asyncio.sleep(backoff(failures, 10.0))
 
-    async def _mirror(self, target: RedisTarget, schedule_ids: list[str]) -> None:
-        """Copy the scheduler's state of the schedules a pass touched into their status."""
+    async def _mirror(self, target: RedisTarget) -> None:
+        """Copy the scheduler's state of the schedules that changed into their status:
+        a page of the changes after the feed's cursor, and a slice of a full round
+        while one is under way (MIRROR_BATCH each: a round never holds up the ticks
+        for long). The cursor moves only once the statuses are written: a round that
+        fails is read again."""
+        store = self.connections.scheduler(target).store
+        feed = self._feeds.setdefault(target, MirrorFeed())
+        if feed.cursor is None or time.monotonic() >= feed.full_at:
+            last = await store.last_change()
+            if feed.cursor is None or last < feed.cursor:
+                feed.cursor = last  # first round, or the feed was reset: the full round covers what came before
+            feed.resync = [builders.schedule_id(*key) for key, rt in self.runtime.items() if rt.placed == target]
+            feed.full_at = time.monotonic() + MIRROR_RESYNC_EVERY
+        if feed.resync:
+            resync = feed.resync[:MIRROR_BATCH]
+            await self._write_progress(target, resync, throttled=False)
+            del feed.resync[:len(resync)]
+        changes = await store.changes(after=feed.cursor, limit=MIRROR_BATCH)
+        await self._mirror_changes(target, feed, [i for i, _ in changes])
+        if changes:
+            feed.cursor = changes[-1][1]
+
+    async def _mirror_changes(self, target: RedisTarget, feed: MirrorFeed, schedule_ids: list[str]) -> None:
+        """Write the status of schedules that changed (and of those held back) where it
+        differs; one whose change was written less than MIRROR_EVERY ago is held back."""
         now = time.monotonic()
-        due = [i for i in schedule_ids if (rt := self.runtime.get(tuple(i.split("/", 1)))) is not None
-               and (rt.mirrored_at is None or now - rt.mirrored_at >= MIRROR_EVERY)]
-        if not due:
-            return
-        states = await self.connections.scheduler(target).statuses(due)
-        for schedule_id, state in zip(due, states):
-            key = tuple(schedule_id.split("/", 1))
-            body = self.schedules.items.get(key)
-            if state is None or body is None:
-                continue
-            progress = schedule_progress(state)
-            if any((body.get("status") or {}).get(k) != v for k, v in progress.items()):
+        due, held = [], set()
+        for schedule_id in dict.fromkeys([*schedule_ids, *feed.held]):
+            rt = self.runtime.get(_key(schedule_id))
+            if rt is None or rt.placed != target:
+                continue  # not one of ours (another namespace, a standalone schedule), or gone
+            if rt.mirrored_at is not None and now - rt.mirrored_at < MIRROR_EVERY:
+                held.add(schedule_id)
+            else:
+                due.append(schedule_id)
+        feed.held = held
+        await self._write_progress(target, due, throttled=True)
+
+    async def _write_progress(self, target: RedisTarget, schedule_ids: list[str], *, throttled: bool) -> None:
+        """Write the scheduler's state of these schedules into their status where it
+        differs. A write of a change (`throttled`) starts the MIRROR_EVERY hold; one of
+        a full round does not (a change right after it is written at once)."""
+        scheduler = self.connections.scheduler(target)
+        writes = asyncio.Semaphore(MIRROR_WRITES_AT_ONCE)
+
+        async def write(key: Key, rt: ScheduleRuntime, progress: dict) -> None:
+            async with writes:
                 written = await self.kube.patch_status("schedules", key[0], key[1], progress)
-                self.runtime[key].mirrored_at = time.monotonic()
-                if written is not None:
-                    self.schedules.put(written)
+            if throttled:
+                rt.mirrored_at = time.monotonic()
+            if written is not None:
+                self.schedules.put(written)
+
+        for start in range(0, len(schedule_ids), MIRROR_BATCH):
+            chunk = schedule_ids[start:start + MIRROR_BATCH]
+            pending = []
+            for schedule_id, state in zip(chunk, await scheduler.statuses(chunk)):
+                key = _key(schedule_id)
+                body, rt = self.schedules.items.get(key), self.runtime.get(key)
+                if state is None or body is None or rt is None or rt.placed != target:
+                    continue  # gone, or moved to another Redis meanwhile
+                progress = schedule_progress(state)
+                if any((body.get("status") or {}).get(k) != v for k, v in progress.items()):
+                    pending.append(write(key, rt, progress))
+            # side by side: one after another, 1,000 changed schedules at 20 ms API latency
+            # took 20 s, past the pass's deadline
+            failures = [r for r in await asyncio.gather(*pending, return_exceptions=True) if isinstance(r, BaseException)]
+            if failures:
+                raise failures[0]  # the cursor stays: the round is taken again
 
     async def _stop(self) -> None:
         tasks = list(self._tickers.values())
@@ -296,7 +366,14 @@ class ScheduleController:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tickers.clear()
+        self._feeds.clear()  # the next term starts with a full mirror round
         await self.work.stop()
+
+
+def _key(schedule_id: str) -> Key:
+    """The resource of an operator schedule id "<namespace>/<name>" (a foreign id finds none)."""
+    namespace, _, name = schedule_id.partition("/")
+    return namespace, name
 
 
 def _queue_ref(body: dict) -> str:

@@ -30,7 +30,7 @@ async def make_one_tick_due(scheduler: Scheduler, ids: list[str], period: int = 
     async with scheduler.redis.pipeline(transaction=False) as pipe:
         for sid in ids:
             pipe.hset(scheduler.store.key(sid), "cursor", boundary * 1000 - 1)
-            pipe.zadd(scheduler.store.keys[1], {sid: 0})
+            pipe.zadd(scheduler.store.due_key, {sid: 0})
         await pipe.execute()
     return boundary
 
@@ -54,7 +54,7 @@ async def rewind(scheduler: Scheduler, schedule_id: str, seconds: float) -> int:
     schedule becomes due (the layout of lua/lib.lua). Returns the new cursor (ms)."""
     cursor = await redis_now_ms(scheduler) - round(seconds * 1000)
     await scheduler.redis.hset(scheduler.store.key(schedule_id), "cursor", cursor)
-    await scheduler.redis.zadd(scheduler.store.keys[1], {schedule_id: 0})
+    await scheduler.redis.zadd(scheduler.store.due_key, {schedule_id: 0})
     return cursor
 
 

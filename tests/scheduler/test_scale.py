@@ -107,7 +107,7 @@ async def test_a_read_ahead_passes_over_what_only_due_repairs_and_the_pass_still
         # read ahead: 04 05 05x 06 | 07 07x 08 09
         hand = ScheduleSpec(id="ahead/05x", queue="ahead", cron=HOURLY, task="work").to_json()
         await scheduler.redis.hset(scheduler.store.key("ahead/05x"), "spec", json.dumps(hand))
-        await scheduler.redis.zadd(scheduler.store.keys[1], {"ahead/05x": 0, "ahead/07x": 0})
+        await scheduler.redis.zadd(scheduler.store.due_key, {"ahead/05x": 0, "ahead/07x": 0})
 
         report = await scheduler.tick()
 
@@ -116,7 +116,7 @@ async def test_a_read_ahead_passes_over_what_only_due_repairs_and_the_pass_still
         assert report.examined == 11  # ahead/05x once, repaired: it starts from now (nothing due)
         repaired = await scheduler.status("ahead/05x")
         assert repaired is not None and repaired.next_tick is not None and not repaired.last_error
-        assert await scheduler.redis.zscore(scheduler.store.keys[1], "ahead/07x") is None
+        assert await scheduler.redis.zscore(scheduler.store.due_key, "ahead/07x") is None
 
 
 async def test_a_schedule_that_moves_between_reads_is_decided_once(redis_url, monkeypatch):

@@ -6,8 +6,9 @@ import json
 import time
 
 import pytest
+import redis
 
-from effectmq.scheduler import InvalidSchedule, Scheduler, ScheduleSpec
+from effectmq.scheduler import InvalidSchedule, Scheduler, ScheduleSpec, store
 
 from .support import Z, redis_now_ms, rewind
 
@@ -146,12 +147,12 @@ async def test_broken_schedules_report_errors_and_never_stop_the_others(schedule
     # written by hand without version or cursor: usable, it starts from now
     await scheduler.redis.hset(scheduler.store.key("hand/written"), "spec", json.dumps({**good, "id": "hand/written"}))
     for sid in [*broken, "hand/written"]:
-        await scheduler.redis.zadd(scheduler.store.keys[1], {sid: 0})
-        await scheduler.redis.zadd(scheduler.store.keys[2], {sid: 0})
+        await scheduler.redis.zadd(scheduler.store.due_key, {sid: 0})
+        await scheduler.redis.zadd(scheduler.store.index_key, {sid: 0})
     assert (await scheduler.tick()).errors.keys() == broken.keys()
     await asyncio.sleep(1.1)
     for sid in broken:  # due again now, so this pass shows each error next to the good schedules
-        await scheduler.redis.zadd(scheduler.store.keys[1], {sid: 0})
+        await scheduler.redis.zadd(scheduler.store.due_key, {sid: 0})
 
     report = await scheduler.tick()
     assert {m.schedule_id for m in report.materialized} == {"good/a", "good/b", "hand/written"}
@@ -253,7 +254,7 @@ async def test_suspended_schedules_do_not_fire_and_resume_through_the_policy(sch
     await scheduler.put(minutely("susp/s", "susp", suspend=True))
     await rewind(scheduler, "susp/s", 600)  # ten minutes pass while suspended (and it looks due)
     assert (await scheduler.tick()).materialized == []
-    assert await scheduler.redis.zscore(scheduler.store.keys[1], "susp/s") is None  # off the due set
+    assert await scheduler.redis.zscore(scheduler.store.due_key, "susp/s") is None  # off the due set
     status = await scheduler.status("susp/s")
     assert status.suspended and status.next_tick is None
     status = await scheduler.put(minutely("susp/s", "susp"))  # resume: the missed ticks coalesce
@@ -308,3 +309,48 @@ async def test_status_list_and_remove(scheduler):
     assert (await scheduler.tick()).errors == {}
     as_json = (await scheduler.status("list/0")).to_json()
     assert as_json["spec"]["cron"] == "* * * * *" and as_json["next_tick"].endswith("Z")
+
+
+async def test_scripts_refuse_a_schedule_hash_not_declared_in_keys(scheduler):
+    put = scheduler.redis.register_script(store.source("put"))
+    spec = minutely("keys/undeclared", "q")
+    undeclared = r"schedule hash \{emq-sched:test\}:s:keys/undeclared is not declared in KEYS"
+    with pytest.raises(redis.ResponseError, match=undeclared):
+        await put(keys=scheduler.store.keys, args=[spec.id, spec.dumps(), spec.timing, 0])
+    assert await scheduler.status("keys/undeclared") is None
+
+
+async def test_an_estimate_of_redis_time_that_falls_short_delays_a_due_schedule_by_one_pass(scheduler, make_queue):
+    q = make_queue("short")
+    await scheduler.put(minutely("short/s", "short"))
+    assert (await scheduler.tick()).examined == 0  # nothing due; the store has seen Redis time
+    await rewind(scheduler, "short/s", 120)
+    await scheduler.redis.zadd(scheduler.store.due_key, {"short/s": await redis_now_ms(scheduler) - 1000})
+    # As after a clock step: the local estimate of Redis time is an hour behind, so the
+    # candidates read stop before the due schedule.
+    scheduler.store._redis_clock_offset_ms -= 3_600_000
+    first = await scheduler.tick()
+    assert first.examined == 0 and first.more  # reported as next: run() passes again at once
+    second = await scheduler.tick()
+    assert second.examined == 1 and second.materialized and len(await task_ids(q)) == len(second.materialized)
+
+
+async def test_every_state_change_is_numbered_in_the_change_feed(scheduler, make_queue):
+    make_queue("feed")
+    for name in ("a", "b", "c"):
+        await scheduler.store.put(minutely(f"feed/{name}", "feed"))
+    start = await scheduler.store.last_change()
+    assert [i for i, _ in await scheduler.store.changes()] == ["feed/a", "feed/b", "feed/c"]
+    assert await scheduler.store.changes(after=start) == []
+    await rewind(scheduler, "feed/b", 120)
+    await scheduler.tick()  # settles a and c (their first next tick) and materializes b
+    changed = await scheduler.store.changes(after=start)
+    assert sorted(i for i, _ in changed) == ["feed/a", "feed/b", "feed/c"]
+    numbers = [n for _, n in changed]
+    assert numbers == sorted(numbers) and numbers[0] > start and len(set(numbers)) == 3
+    after_tick = await scheduler.store.last_change()
+    assert await scheduler.tick() and await scheduler.store.changes(after=after_tick) == []  # nothing due
+    await scheduler.remove("feed/a")
+    assert [i for i, _ in await scheduler.store.changes()] == ["feed/b", "feed/c"]  # one entry per schedule
+    page = await scheduler.store.changes(after=start, limit=1)
+    assert page + await scheduler.store.changes(after=page[-1][1]) == await scheduler.store.changes(after=start)

@@ -1,7 +1,7 @@
 --[[ advance: record the outcome of a pass, one compare-and-set per schedule.
 Called only after the ticks were offered, so a crash before it re-offers the same
 task ids (harmless); a scheduler whose view is stale changes nothing.
-KEYS: the scheduler keys of lib.lua.
+KEYS: the scheduler keys of lib.lua, then the hash of each schedule in ARGV[1].
 ARGV[1] JSON array of outcomes, one object per schedule (times are strings of ms):
   id, version   the schedule and the definition version the decision used
   expect        the cursor the decision started from
@@ -29,6 +29,7 @@ for i, o in ipairs(cjson.decode(ARGV[1])) do
   elseif o.error then
     redis.call('HSET', key, 'last_error', o.error, 'last_error_at', now)
     redis.call('ZADD', K_DUE, o.score, o.id)
+    changed(o.id)
   elseif cur[2] ~= o.expect then
     result = -2
   elseif tonumber(o.cursor) > now then
@@ -52,6 +53,7 @@ for i, o in ipairs(cjson.decode(ARGV[1])) do
     for _, counter in ipairs({'materialized', 'skipped', 'coalesced', 'backfilled'}) do
       if o[counter] and o[counter] ~= 0 then redis.call('HINCRBY', key, counter, o[counter]) end
     end
+    changed(o.id)
   end
   results[i] = result
 end

@@ -1,15 +1,22 @@
 --[[ lib.lua: helpers prepended to every scheduler script at load time.
 
-Every script receives the same KEYS (all share the hash tag {<prefix>-sched:<namespace>}):
-  KEYS[1]  base   "{emq-sched:<ns>}:"  schedule hashes are base.."s:"..id
-  KEYS[2]  due    zset id -> next fire time (ms); 0 = look at it now; absent = suspended
-  KEYS[3]  index  zset of every schedule id, score 0 (lexicographic listing)
+Every script receives these KEYS (all share the hash tag {<prefix>-sched:<namespace>}):
+  KEYS[1]   due      zset id -> next fire time (ms); 0 = look at it now; absent = suspended
+  KEYS[2]   index    zset of every schedule id, score 0 (lexicographic listing)
+  KEYS[3]   changes  zset id -> change number of the schedule's latest state change (numbers
+                     grow by one per change); the operator's status mirror reads what changed
+                     after its cursor. One entry per schedule at most: bounded like the index.
+  KEYS[4..] the schedule hashes the call touches, "{<prefix>-sched:<ns>}:s:<id>". A script
+            touches no key it was not given (Redis Cluster proxies route on KEYS).
 A schedule hash holds: spec (JSON), version, timing (cron|zone), cursor (ms: ticks at
 or before it are settled), suspended, next_tick, last_tick, last_task_id, counters
 materialized/skipped/coalesced/backfilled, last_error, last_error_at, created_at,
 updated_at. All times come from Redis TIME, in milliseconds.
 ]]
-local BASE, K_DUE, K_INDEX = KEYS[1], KEYS[2], KEYS[3]
+local K_DUE, K_INDEX, K_CHANGES = KEYS[1], KEYS[2], KEYS[3]
+local BASE = string.sub(K_DUE, 1, -4) -- the due key less "due": "{<prefix>-sched:<ns>}:"
+local DECLARED = {}
+for i = 4, #KEYS do DECLARED[KEYS[i]] = true end
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -17,5 +24,24 @@ local function now_ms()
 end
 
 local function schedule_key(id)
-  return BASE .. 's:' .. id
+  local key = BASE .. 's:' .. id
+  if not DECLARED[key] then
+    error('schedule hash ' .. key .. ' is not declared in KEYS')
+  end
+  return key
+end
+
+local last_change = nil
+local function changed(id)
+  if not last_change then
+    local top = redis.call('ZRANGE', K_CHANGES, -1, -1, 'WITHSCORES')
+    last_change = tonumber(top[2]) or 0
+  end
+  last_change = last_change + 1
+  redis.call('ZADD', K_CHANGES, last_change, id)
+end
+
+local function forget(id)
+  redis.call('ZREM', K_DUE, id)
+  redis.call('ZREM', K_CHANGES, id)
 end

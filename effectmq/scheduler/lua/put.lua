@@ -1,5 +1,5 @@
 --[[ put: create or replace a schedule's definition.
-KEYS: the scheduler keys of lib.lua.
+KEYS: the scheduler keys of lib.lua, then the schedule's hash.
 ARGV[1] id  ARGV[2] spec (JSON)  ARGV[3] timing ("cron|zone")  ARGV[4] suspend (1|0)
 A new schedule's cursor starts at now (earlier ticks are not due). When the timing
 changes, the cursor moves up to now, so the new cron does not replay the past.
@@ -27,4 +27,5 @@ if ARGV[4] == '1' then
 else
   redis.call('ZADD', K_DUE, 0, id)
 end
+changed(id)
 return {version, cursor, now}
