@@ -4,9 +4,19 @@ poll pass and the API requests per second it causes.
     python bench/operator_fanout.py                              # 1,000 Queues + 1,000 Schedules, 60 s window
     python bench/operator_fanout.py --queues 50 --steady-seconds 20   # quick check
     python bench/operator_fanout.py --redis 4 --cron "0 3 * * *"      # 4 redis-servers, Schedules that rarely fire
+    python bench/operator_fanout.py --api-latency 0.02                # every API call of the operator 20 ms slower
 
 Targets (issue): a full pass within the default poll interval (10 s) on this
-machine, and under 1 API request per Queue per minute in steady state.
+machine, also with `--api-latency 0.02`, and under 1 API request per Queue per
+minute in steady state. Reported too: the operator's connections to each
+redis-server (its sockets matched to CLIENT LIST, sampled through every phase),
+against the bound per distinct Redis however many Queues it holds.
+
+`--api-latency S`: the operator (only: kubectl, the bench's own reads and
+kube-controller-manager go straight) reaches the API server through a TCP proxy
+that holds every chunk S/2 seconds in each direction (tests/fixtures/proxy.py
+LatencyProxy, in a process of its own), so each request-reply takes S longer:
+latency on the wire, TLS untouched, concurrent requests not serialized.
 
 Runs everything on loopback and stops it afterwards: the test control plane
 (etcd, kube-apiserver, kube-controller-manager from tests/fixtures/kube.py;
@@ -56,6 +66,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -64,17 +75,20 @@ import ssl
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
 from tests.fixtures import kube as kube_fixture  # noqa: E402
 from tests.fixtures.kube import KubeControlPlane  # noqa: E402
+from tests.fixtures.proxy import LatencyProxy  # noqa: E402
 from tests.fixtures.redis import RedisServer  # noqa: E402
 from tests.support.operator import OperatorProcess  # noqa: E402
+from effectmq_operator.connections import CONNECTIONS_PER_REDIS  # noqa: E402
 
 NAMESPACE = "bench-fanout"
 GROUP, VERSION = "effectmq.io", "v1alpha1"
@@ -195,6 +209,61 @@ def ready_condition(body: dict) -> dict | None:
     return next((c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
 
 
+class RedisConnections:
+    """The operator's connections to each redis-server, peak per phase."""
+
+    def __init__(self, servers: list[RedisServer]):
+        self.servers = servers
+        self.peaks: dict[str, int] = {}
+
+    def sample(self, op: OperatorProcess, phase: str) -> None:
+        try:
+            counts = [len(op.redis_clients(server)) for server in self.servers]
+        except OSError:  # the process or one of its sockets went away meanwhile
+            return
+        self.peaks[phase] = max(self.peaks.get(phase, 0), *counts)
+
+
+def serve_latency_proxy(host: str, port: int, delay: float, control) -> None:
+    """The latency proxy, in a process of its own (the bench's JSON parsing must not hold
+    up its threads): sends its port, then serves until the bench closes `control`."""
+    proxy = LatencyProxy(host, port, delay)
+    control.send(proxy.port)
+    try:
+        control.recv()
+    except EOFError:
+        pass
+    proxy.close()
+
+
+class LatencyProxyProcess:
+    def __init__(self, server: str, latency: float):
+        address = urllib.parse.urlsplit(server)
+        context = multiprocessing.get_context("spawn")
+        self._control, child = context.Pipe()
+        self.proc = context.Process(target=serve_latency_proxy, daemon=True,
+                                    args=(address.hostname, address.port, latency / 2, child))
+        self.proc.start()
+        self.port = self._control.recv()
+
+    def stop(self) -> None:
+        self._control.close()
+        self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+def operator_kubeconfig(plane: KubeControlPlane, proxy_port: int, work_dir: Path) -> Path:
+    """The admin kubeconfig with the API server behind the latency proxy."""
+    config = json.loads(plane.kubeconfig.read_text())
+    for cluster in config["clusters"]:
+        cluster["cluster"]["server"] = f"https://127.0.0.1:{proxy_port}"
+    path = work_dir / "operator.kubeconfig"
+    path.write_text(json.dumps(config))
+    path.chmod(0o600)
+    return path
+
+
 # ---------------------------------------------------------------------------------------
 # setup
 
@@ -288,7 +357,8 @@ def operator_samples(op: OperatorProcess):
     return parse_prometheus(op.metrics())
 
 
-def first_pass(api: Api, op: OperatorProcess, t0: float, n_queues: int, n_schedules: int, timeout: float) -> dict:
+def first_pass(api: Api, op: OperatorProcess, t0: float, n_queues: int, n_schedules: int, timeout: float,
+               conns: RedisConnections) -> dict:
     """Poll until every Queue has observedGeneration + Ready and every Schedule nextTickTime."""
     out: dict = {"leader_pass_s": None, "first_sample_s": None}
     gauge_prev = None
@@ -301,6 +371,7 @@ def first_pass(api: Api, op: OperatorProcess, t0: float, n_queues: int, n_schedu
             raise TimeoutError(f"first full pass not done within {timeout:.0f}s ({last_report}); "
                                f"operator log tail:\n{op.log()[-3000:]}")
         gauge = metric_sum(operator_samples(op), "effectmq_operator_oldest_reconcile_age_seconds")
+        conns.sample(op, "first pass")
         if out["first_sample_s"] is None:
             out["first_sample_s"] = time.monotonic() - t0
         if gauge is not None and out["leader_pass_s"] is None:
@@ -328,13 +399,14 @@ def first_pass(api: Api, op: OperatorProcess, t0: float, n_queues: int, n_schedu
         time.sleep(0.2)
 
 
-def warm_pass(op: OperatorProcess, timeout: float = 300.0) -> float:
+def warm_pass(op: OperatorProcess, conns: RedisConnections, timeout: float = 300.0) -> float:
     """A new leader's first pass when every Deployment exists already: the peak of the
     oldest-reconcile age before it first drops (every Queue reconciled once)."""
     deadline = time.monotonic() + timeout
     peak = None
     while time.monotonic() < deadline:
         gauge = metric_sum(operator_samples(op), "effectmq_operator_oldest_reconcile_age_seconds")
+        conns.sample(op, "warm pass")
         if gauge is not None and gauge > 0:
             if peak is not None and gauge < peak:
                 return peak
@@ -383,7 +455,8 @@ def expected_ticks(cron: str, n_schedules: int, start: float, end: float) -> int
         return None
 
 
-def steady_window(api: Api, op: OperatorProcess, plane: KubeControlPlane, seconds: float) -> dict:
+def steady_window(api: Api, op: OperatorProcess, plane: KubeControlPlane, seconds: float,
+                  conns: RedisConnections) -> dict:
     pid = op.proc.pid
     others = {p.name: p.popen.pid for p in plane.procs}
     before_api = api.request_counts()
@@ -398,6 +471,7 @@ def steady_window(api: Api, op: OperatorProcess, plane: KubeControlPlane, second
         if g is not None:
             gauges.append(g)
         rss.append(rss_mib(pid))
+        conns.sample(op, "steady")
         remaining = t_start + seconds - time.monotonic()
         if remaining <= 0:
             break
@@ -449,7 +523,7 @@ def verdict(ok: bool | None) -> str:
 
 
 def report(args, created: dict, first: dict, steady: dict, baseline: tuple[dict, float] | None,
-           post: dict, op_log: str, log_dir: Path) -> None:
+           post: dict, op_log: str, log_dir: Path, conns: RedisConnections) -> None:
     n, interval, window = args.queues, args.poll_interval, steady["elapsed"]
     per_min = 60.0 / window
     op_calls = steady["op_api_requests"]
@@ -464,7 +538,8 @@ def report(args, created: dict, first: dict, steady: dict, baseline: tuple[dict,
 
     print()
     print(f"operator fan-out: {n} Queues, {args.schedules} Schedules (cron {args.cron!r}), {args.redis} redis-server(s), "
-          f"pollIntervalSeconds {interval}, maxReplicas {args.max_replicas}, {os.cpu_count()} cores")
+          f"pollIntervalSeconds {interval}, maxReplicas {args.max_replicas}, {os.cpu_count()} cores, "
+          f"API latency {args.api_latency * 1000:.0f} ms per request (operator only)")
     print(f"created before the operator started: {created['queues']} Queues + {created['schedules']} Schedules "
           f"in {created['seconds']:.1f} s (server-side apply, chunks of {args.apply_chunk})")
     print()
@@ -480,6 +555,11 @@ def report(args, created: dict, first: dict, steady: dict, baseline: tuple[dict,
           f"{fmt(first.get('settled_s'), '.1f', ' s')}")
     print("warm full pass (a new leader after a restart: Deployments exist, every Queue due at once)")
     print(f"  leader's view (peak of oldest-reconcile age):          {fmt(first.get('warm_pass_s'), '.1f', ' s')}")
+    warm_top = sorted(((k, v) for k, v in first.get("warm_requests", {}).items() if ours(k) and k[0] != "WATCH"),
+                      key=lambda kv: -kv[1])[:6]
+    print("  API server requests from its start to the end of that pass: "
+          + (", ".join(f"{verb} {resource}{'/' + sub if sub else ''} {v:.0f}" for (verb, _, resource, sub), v in warm_top)
+             or "none"))
     print(f"  SIGTERM -> exit, with {n} Queues: {fmt(first.get('stop_s'), '.1f', ' s')} "
           f"(the new leader: {fmt(first.get('warm_stop_s'), '.1f', ' s')})")
     print()
@@ -530,6 +610,11 @@ def report(args, created: dict, first: dict, steady: dict, baseline: tuple[dict,
     print(f"  < 1 API request per Queue per minute (API server, net):  {verdict(api_ok)}  "
           f"({fmt(net_calls and net_calls / n * per_min, '.3f')})")
     warnings = [line for line in op_log.splitlines() if re.search(r"\b(WARNING|ERROR|CRITICAL)\b|Traceback", line)]
+    per_redis = -(-n // args.redis)
+    peaks = ", ".join(f"{phase} {count}" for phase, count in conns.peaks.items())
+    print(f"  connections per distinct Redis (operator, peak): {peaks}  ({per_redis} Queues on each; "
+          f"bound {CONNECTIONS_PER_REDIS} whatever the number): "
+          f"{verdict(bool(conns.peaks) and max(conns.peaks.values()) <= CONNECTIONS_PER_REDIS)}")
     print()
     print(f"operator log: {len(warnings)} warning/error lines; logs in {log_dir}")
     for line in warnings[:15]:
@@ -560,6 +645,8 @@ def main() -> int:
                         help="seconds to wait after the first pass for every Queue to be Ready=True")
     parser.add_argument("--apply-chunk", type=int, default=250, help="objects per `kubectl apply --server-side`")
     parser.add_argument("--apply-parallel", type=int, default=2)
+    parser.add_argument("--api-latency", type=float, default=0.0,
+                        help="seconds added to each of the operator's API requests, on the wire (default 0)")
     args = parser.parse_args()
     if args.schedules is None:
         args.schedules = args.queues
@@ -569,10 +656,12 @@ def main() -> int:
         args.baseline_seconds = args.steady_seconds
     if args.queues < 1 or args.redis < 1:
         parser.error("--queues and --redis must be at least 1")
+    if not 0 <= args.api_latency <= 5:
+        parser.error("--api-latency is in seconds, from 0 to 5")
 
     log_dir = Path(tempfile.mkdtemp(prefix="emq-fanout-logs-"))
     work_dir = Path(tempfile.mkdtemp(prefix="emq-fanout-"))
-    plane = op = None
+    plane = op = proxy = None
     servers: list[RedisServer] = []
     try:
         log(f"starting the control plane (logs in {log_dir})")
@@ -586,6 +675,11 @@ def main() -> int:
             d.mkdir()
             servers.append(RedisServer(d).start())
         urls = [s.url for s in servers]
+        conns = RedisConnections(servers)
+        kubeconfig = None
+        if args.api_latency:
+            proxy = LatencyProxyProcess(plane.server, args.api_latency)
+            kubeconfig = operator_kubeconfig(plane, proxy.port, work_dir)
 
         log(f"creating {args.queues} Queues and {args.schedules} Schedules")
         t = time.monotonic()
@@ -600,9 +694,9 @@ def main() -> int:
         waited = wait_for_gc_watches(api)
         log(f"the garbage collector watches Queues and Schedules ({waited:.0f} s); starting the operator")
         t0 = time.monotonic()
-        op = OperatorProcess(plane, NAMESPACE, log_dir)
+        op = OperatorProcess(plane, NAMESPACE, log_dir, kubeconfig=kubeconfig)
         log(f"operator pid {op.proc.pid} alive after {time.monotonic() - t0:.1f} s; waiting for the first full pass")
-        first = first_pass(api, op, t0, args.queues, args.schedules, args.first_pass_timeout)
+        first = first_pass(api, op, t0, args.queues, args.schedules, args.first_pass_timeout, conns)
 
         log(f"first pass done after {first['all_done_s']:.1f} s; waiting for every Queue to be Ready=True")
         first["settled_s"] = settle(api, op, t0, args.queues, args.settle_timeout)
@@ -612,7 +706,7 @@ def main() -> int:
             check_alive(op)
             time.sleep(1.0)
         log(f"steady window: {args.steady_seconds:.0f} s")
-        steady = steady_window(api, op, plane, args.steady_seconds)
+        steady = steady_window(api, op, plane, args.steady_seconds, conns)
         queues, schedules = api.items("queues"), api.items("schedules")
         post = {"queues_ready_true": sum(1 for q in queues if (ready_condition(q) or {}).get("status") == "True"),
                 "schedules_ticked": sum(1 for s in schedules if (s.get("status") or {}).get("lastTickTime")),
@@ -621,8 +715,10 @@ def main() -> int:
         first["stop_s"], op_rc = stop_timed(op)
         op_log = op.log_path.read_text(errors="replace")
         log(f"operator stopped in {first['stop_s']:.1f} s (exit {op_rc}); a new one takes over")
-        op = OperatorProcess(plane, NAMESPACE, log_dir, name="operator-warm")
-        first["warm_pass_s"] = warm_pass(op)
+        before_warm = api.request_counts()
+        op = OperatorProcess(plane, NAMESPACE, log_dir, name="operator-warm", kubeconfig=kubeconfig)
+        first["warm_pass_s"] = warm_pass(op, conns)
+        first["warm_requests"] = counts_delta(before_warm, api.request_counts())
         first["warm_stop_s"], _ = stop_timed(op)
         op = None
         baseline = None
@@ -630,7 +726,7 @@ def main() -> int:
             log(f"operator stopped (exit {op_rc}); API server baseline: {args.baseline_seconds:.0f} s")
             time.sleep(5.0)  # its watches end and are counted before the baseline starts
             baseline = baseline_window(api, args.baseline_seconds)
-        report(args, created, first, steady, baseline, post, op_log, log_dir)
+        report(args, created, first, steady, baseline, post, op_log, log_dir, conns)
         return 0
     except OperatorDied as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
@@ -641,6 +737,8 @@ def main() -> int:
                 op.stop()
             except Exception as exc:  # noqa: BLE001
                 print(f"stopping the operator failed: {exc}", file=sys.stderr)
+        if proxy is not None:
+            proxy.stop()
         if plane is not None:
             plane.stop()
         for server in servers:

@@ -32,6 +32,10 @@ MAINTENANCE_BATCH = 200
 # Seconds of sweeping per poll while calls report more: a Queue whose workers are gone
 # still sheds its expired records, and one backlog cannot hold a poll for long.
 MAINTENANCE_BUDGET = 0.5
+# Reconciles in flight at once. Mostly waiting: on the API server (the Kube pool bounds
+# those calls) or on a Redis (connections.py bounds each Redis' polls).
+RECONCILES_AT_ONCE = 64
+REDIS_SHARE = 0.4  # of a reconcile's deadline, for its Redis calls: the rest writes status and Events
 SETTINGS_EVERY = 300.0  # queue settings are written when they change, and again this often
 
 
@@ -48,13 +52,14 @@ class QueueRuntime:
 
 class QueueController:
     def __init__(self, kube: Kube, connections: Connections, *, namespaces: list[str] = (),
-                 clock: Callable[[], float] = time.time, concurrency: int = 32, deadline: float = 20.0,
+                 clock: Callable[[], float] = time.time, concurrency: int = RECONCILES_AT_ONCE, deadline: float = 20.0,
                  relist_every: float = 60.0):
         self.kube = kube
         self.connections = connections
         self.namespaces = list(namespaces)
         self.clock = clock
         self.deadline = deadline
+        self.redis_deadline = deadline * REDIS_SHARE
         self.queues = Registry(lambda: kube.list_resources("queues", self.namespaces), relist_every=relist_every)
         self.deployments: dict[Key, dict] = {}
         self.runtime: dict[Key, QueueRuntime] = {}
@@ -79,8 +84,9 @@ class QueueController:
             self.work.forget(key)
         else:
             old = self.queues.put(body)
-            if old is None or old["metadata"].get("generation") != body["metadata"].get("generation"):
-                self.work.nudge(key)
+            if not spec_changed(old, body):
+                return  # a status write: nothing a Schedule depends on changed
+            self.work.nudge(key)
         for listener in self.listeners:
             listener(key)
 
@@ -223,21 +229,26 @@ class QueueController:
         try:
             target = await self.connections.target(key[0], spec.redis)
             self.targets[key] = target
-            q = self.connections.queue(target, builders.queue_name(*key))
-            settings = builders.queue_settings(spec)
-            rt = self.runtime.setdefault(key, QueueRuntime())
-            if rt.settings != (target, settings) or time.monotonic() - rt.settings_at > SETTINGS_EVERY:
-                await q.configure(**settings)  # it also wakes idle workers: not on every poll
-                rt.settings, rt.settings_at = (target, settings), time.monotonic()
-            report = await q.sweep(batch=MAINTENANCE_BATCH, budget=MAINTENANCE_BUDGET)
-            metrics.record_maintenance(q.name, report)
-            return await q.stats(), await q.workers(), None
+            # The deadline leaves part of the reconcile's own for writing the condition that says so.
+            stats, workers = await self.connections.poll(target, lambda: self._poll(key, target, spec),
+                                                         self.redis_deadline)
+            return stats, workers, None
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            problem = self.connections.problem(exc, target)
             metrics.POLL_ERRORS.labels(f"{key[0]}/{key[1]}").inc()
-            return None, {}, problem
+            return None, {}, self.connections.problem(exc, target)
+
+    async def _poll(self, key: Key, target: RedisTarget, spec: QueueSpec):
+        q = self.connections.queue(target, builders.queue_name(*key))
+        settings = builders.queue_settings(spec)
+        rt = self.runtime.setdefault(key, QueueRuntime())
+        if rt.settings != (target, settings) or time.monotonic() - rt.settings_at > SETTINGS_EVERY:
+            await q.configure(**settings)  # it also wakes idle workers: not on every poll
+            rt.settings, rt.settings_at = (target, settings), time.monotonic()
+        report = await q.sweep(batch=MAINTENANCE_BATCH, budget=MAINTENANCE_BUDGET)
+        metrics.record_maintenance(q.name, report)
+        return await q.stats(), await q.workers()
 
     def _facts(self, key: Key) -> control.DeploymentFacts | None:
         live = self.deployments.get(key)
@@ -266,3 +277,13 @@ class QueueController:
             pod_name = pod["metadata"]["name"]
             if (pod["metadata"].get("annotations") or {}).get(builders.DELETION_COST) != costs[pod_name]:
                 await self.kube.annotate_pod(namespace, pod_name, {builders.DELETION_COST: costs[pod_name]})
+
+
+def spec_changed(old: dict | None, new: dict) -> bool:
+    """Whether a Queue's watch event changed what its reconcile and its Schedules read
+    (it appeared, its spec changed, or its deletion began), not only its status."""
+    if old is None:
+        return True
+    before, after = old["metadata"], new["metadata"]
+    return (before.get("generation") != after.get("generation")
+            or before.get("deletionTimestamp") != after.get("deletionTimestamp"))

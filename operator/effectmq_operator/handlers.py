@@ -2,9 +2,9 @@
 
 kopf is used as the watch machinery (and for the liveness endpoint): Queue,
 Schedule and worker Deployment events update the controllers' registries and
-nudge a reconcile. All reconciling is done by the leader's loops, so Events and
-writes come from one replica, and nothing (no finalizer, no kopf annotation) is
-added to users' objects.
+nudge a reconcile; Secret events keep the cache of Redis URLs current. All
+reconciling is done by the leader's loops, so Events and writes come from one
+replica, and nothing (no finalizer, no kopf annotation) is added to users' objects.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import os
 import kopf
 
 from .builders import GROUP, MANAGED_BY, VERSION
-from .connections import Connections
-from .controller import QueueController
-from .kube import Kube, load_config
+from .connections import CONNECTIONS_PER_REDIS, Connections
+from .controller import RECONCILES_AT_ONCE, QueueController
+from .kube import API_THREADS, Kube, load_config
 from .leader import LeaderElector, coordination_api
 from .schedules import ScheduleController
 
@@ -50,9 +50,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.process.ultimate_exiting_timeout = 4.5
     load_config()
     namespaces = list(getattr(memo, "namespaces", None) or [])
-    kube = Kube()
-    connections = Connections(kube)
-    memo.queues = QueueController(kube, connections, namespaces=namespaces)
+    kube = Kube(threads=getattr(memo, "api_threads", None) or API_THREADS)
+    connections = Connections(kube, max_connections=getattr(memo, "redis_connections", None) or CONNECTIONS_PER_REDIS)
+    memo.queues = QueueController(kube, connections, namespaces=namespaces,
+                                  concurrency=getattr(memo, "reconciles", None) or RECONCILES_AT_ONCE)
     memo.schedules = ScheduleController(kube, connections, memo.queues, namespaces=namespaces)
     memo.connections = connections
     lease_seconds = float(os.environ.get("EFFECTMQ_OPERATOR_LEASE_SECONDS", "15"))
@@ -103,6 +104,11 @@ async def queue_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_) -
 @kopf.on.event(GROUP, VERSION, "schedules")
 async def schedule_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_) -> None:
     memo.schedules.observe(type, _plain(body))
+
+
+@kopf.on.event("", "v1", "secrets")
+async def secret_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_) -> None:
+    memo.connections.observe_secret(type, _plain(body))
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY)

@@ -26,7 +26,8 @@ class DaemonThreadPool:
         self.name = name
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._idle = 0
+        self._idle = 0  # threads waiting for a call
+        self._queued = 0  # calls handed in and not yet taken by a thread
         self._lock = threading.Lock()
 
     def _worker(self) -> None:
@@ -36,6 +37,7 @@ class DaemonThreadPool:
             future, call = self._work.get()
             with self._lock:
                 self._idle -= 1
+                self._queued -= 1
             if not future.set_running_or_notify_cancel():
                 continue  # the awaiting coroutine was cancelled before the call started
             try:
@@ -45,16 +47,20 @@ class DaemonThreadPool:
             else:
                 future.set_result(result)
 
-    def _grow(self) -> None:
+    def _submit(self, item) -> None:
+        # A thread more whenever the queued calls outnumber the idle threads (up to the
+        # size): a burst handed in at once must not wait for the one thread that was idle.
         with self._lock:
-            if self._idle > 0 or len(self._threads) >= self.size:
-                return
-            thread = threading.Thread(target=self._worker, name=f"{self.name}-{len(self._threads)}", daemon=True)
-            self._threads.append(thread)
-        thread.start()
+            self._queued += 1
+            grow = self._queued > self._idle and len(self._threads) < self.size
+            if grow:
+                thread = threading.Thread(target=self._worker, name=f"{self.name}-{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+        self._work.put(item)
+        if grow:
+            thread.start()
 
     async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._work.put((future, functools.partial(fn, *args, **kwargs)))
-        self._grow()
+        self._submit((future, functools.partial(fn, *args, **kwargs)))
         return await asyncio.wrap_future(future)

@@ -110,3 +110,31 @@ def test_a_namespace_being_deleted_is_not_a_failure():
     forbidden = ApiException(status=403, reason="Forbidden")
     forbidden.body = json.dumps({"kind": "Status", "code": 403, "reason": "Forbidden"})
     assert namespace_terminating(refused) and not namespace_terminating(forbidden)
+
+
+def test_a_status_write_of_a_queue_does_not_wake_its_schedules(redis_url):
+    # Every Queue status write used to re-reconcile each of its Schedules (one Redis read
+    # and status comparison each): with thousands of Schedules, work for nothing.
+    kube = ScriptedKube()
+    controller = QueueController(kube, Connections(kube))
+    told = []
+    controller.listeners.append(told.append)
+    key = ("shop", "emails")
+    body = queue_body(redis_url)
+    controller.observe_queue("ADDED", body)
+    assert told == [key]
+
+    status_only = copy.deepcopy(body)
+    status_only["metadata"]["resourceVersion"] = "2"
+    status_only["status"] = {"observedGeneration": 1, "conditions": [{"type": "Ready", "status": "True"}]}
+    controller.observe_queue("MODIFIED", status_only)
+    assert told == [key]
+
+    respecified = copy.deepcopy(status_only)
+    respecified["metadata"].update(resourceVersion="3", generation=2)
+    controller.observe_queue("MODIFIED", respecified)
+    deleting = copy.deepcopy(respecified)
+    deleting["metadata"].update(resourceVersion="4", deletionTimestamp="2026-12-01T18:00:00Z")
+    controller.observe_queue("MODIFIED", deleting)
+    controller.observe_queue("DELETED", deleting)
+    assert told == [key] * 4

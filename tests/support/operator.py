@@ -64,6 +64,35 @@ class OperatorProcess:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
             return r.read().decode()
 
+    def tcp_connections(self) -> set[tuple[int, int]]:
+        """(local port, remote port) of each of the process' TCP sockets (from /proc: to tell
+        its connections in a server's client list from anyone else's)."""
+        inodes = set()
+        for fd in os.listdir(f"/proc/{self.proc.pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{self.proc.pid}/fd/{fd}")
+            except OSError:
+                continue  # closed meanwhile
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+        pairs = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as f:
+                for line in f.readlines()[1:]:
+                    fields = line.split()
+                    if fields[9] in inodes:
+                        pairs.add((int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16)))
+        return pairs
+
+    def redis_clients(self, server) -> list[dict]:
+        """The connections a redis-server (tests/fixtures/redis.py) holds from this process."""
+        ours = self.tcp_connections()
+        client = server.client()
+        try:
+            return [c for c in client.client_list() if (int(c["addr"].rsplit(":", 1)[1]), server.port) in ours]
+        finally:
+            client.close()
+
     def stop(self) -> None:
         stop_process(self.proc, 20)
 
