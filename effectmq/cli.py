@@ -16,7 +16,7 @@ import sys
 from typing import Callable
 
 from .app import App
-from .clitools import emit, env
+from .clitools import URL_HELP, emit, env
 from .errors import EffectMQError
 from .queue import TaskQueue
 from .worker import Worker
@@ -47,9 +47,7 @@ def load_target(spec: str) -> App | dict:
 
 def _queue_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue", "-q", default=env("EFFECTMQ_QUEUE"), help="queue name [EFFECTMQ_QUEUE]")
-    p.add_argument("--url", default=env("EFFECTMQ_REDIS_URL"),
-                   help="Redis URL: redis://, rediss://, unix://, redis+sentinel://h1:p1,h2:p2/<service> or "
-                   "redis+cluster://h1:p1,h2:p2 (a Redis Cluster) [EFFECTMQ_REDIS_URL]")
+    p.add_argument("--url", default=env("EFFECTMQ_REDIS_URL"), help=URL_HELP)
     p.add_argument("--prefix", default=env("EFFECTMQ_PREFIX", "emq"), help="key prefix [EFFECTMQ_PREFIX]")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--log-level", default=env("EFFECTMQ_LOG_LEVEL", "INFO"), help="[EFFECTMQ_LOG_LEVEL]")

@@ -6,6 +6,9 @@ import json
 import os
 from typing import Any, Callable
 
+URL_HELP = ("Redis URL: redis://, rediss://, unix://, redis+sentinel://h1:p1,h2:p2/<service> or "
+            "redis+cluster://h1:p1,h2:p2 (a Redis Cluster) [EFFECTMQ_REDIS_URL]")
+
 
 def env(name: str, default: Any = None, cast: Callable = str) -> Any:
     """An option's default from the environment (how the operator configures pods)."""

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from .model import ScheduleSpec, ScheduleStatus, TickReport
 from .policy import MISSED_MODES
 from .scheduler import Scheduler
-from ..clitools import emit, env
+from ..clitools import URL_HELP, emit, env
 
 log = logging.getLogger("effectmq.scheduler")
 
@@ -169,7 +169,7 @@ async def cmd_run(args) -> int:
 # -- parser -----------------------------------------------------------------------
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=env("EFFECTMQ_REDIS_URL"), help="Redis URL [EFFECTMQ_REDIS_URL]")
+    p.add_argument("--url", default=env("EFFECTMQ_REDIS_URL"), help=URL_HELP)
     p.add_argument("--namespace", "-n", default=env("EFFECTMQ_SCHEDULER_NAMESPACE", "default"),
                    help="scheduler namespace [EFFECTMQ_SCHEDULER_NAMESPACE]")
     p.add_argument("--prefix", default=env("EFFECTMQ_PREFIX", "emq"), help="key prefix [EFFECTMQ_PREFIX]")
