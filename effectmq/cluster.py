@@ -23,18 +23,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
 
+from .multihost import connection_option, has_scheme, split_hosts
 from .redaction import CLUSTER_SCHEMES
 
 __all__ = ["ClusterTarget", "cluster_client", "is_cluster_url", "parse_cluster_url"]
 
 DEFAULT_PORT = 6379
 _OWN_OPTIONS = {"password", "username", "db"}
-_NOT_IN_URL = {"max_connections", "timeout"}  # set by connect()
 
 
 @dataclass(frozen=True)
@@ -50,33 +49,17 @@ class ClusterTarget:
 
 def is_cluster_url(url: object) -> bool:
     """Whether `url` is a redis+cluster:// or rediss+cluster:// URL."""
-    if not isinstance(url, str):
-        return False
-    scheme, sep, _ = url.partition("://")
-    return bool(sep) and scheme.lower() in CLUSTER_SCHEMES
+    return has_scheme(url, CLUSTER_SCHEMES)
 
 
 def parse_cluster_url(url: str) -> ClusterTarget:
     """The parts of a cluster URL; ValueError (never quoting a password) when malformed."""
     if not is_cluster_url(url):
         raise ValueError("not a redis+cluster:// or rediss+cluster:// URL")
-    parts = urlsplit(url)
-    if parts.fragment:
-        raise ValueError("a cluster URL has no #fragment (percent-encode '#' in a password)")
-    userinfo, _, hostinfo = parts.netloc.rpartition("@")
-    seeds = []
-    for address in hostinfo.split(","):
-        piece = urlsplit(f"//{address}")
-        port = piece.port  # ValueError when not a number
-        if not piece.hostname:
-            raise ValueError("a cluster URL lists its seed nodes as host[:port],host[:port],...")
-        seeds.append((piece.hostname, port or DEFAULT_PORT))
+    parts, seeds, found = split_hosts(url, "cluster", DEFAULT_PORT, "its seed nodes as host[:port],host[:port],...")
     db = parts.path.strip("/")
     if db not in ("", "0"):
         raise ValueError("a Redis Cluster has only db 0: leave the path out or give /0")
-    user, colon, password = userinfo.partition(":")
-    found: dict[str, Any] = {"username": unquote(user) if user else None,
-                             "password": unquote(password) if colon and password else None}
     options: dict[str, Any] = {}
     for name, value in parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)):
         if name in _OWN_OPTIONS:
@@ -85,13 +68,8 @@ def parse_cluster_url(url: str) -> ClusterTarget:
                     raise ValueError("a Redis Cluster has only db 0")
             elif not found.get(name):  # userinfo wins, as in redis-py
                 found[name] = value or None
-        elif name in URL_QUERY_ARGUMENT_PARSERS and name not in _NOT_IN_URL:
-            try:
-                options[name] = URL_QUERY_ARGUMENT_PARSERS[name](value)
-            except (TypeError, ValueError):
-                raise ValueError(f"invalid value for {name!r} in the cluster URL") from None
         else:
-            raise ValueError(f"unknown option {name!r} in the cluster URL")
+            options[name] = connection_option(name, value, "cluster")
     return ClusterTarget(tuple(seeds), tls=parts.scheme == "rediss+cluster", options=options, **found)
 
 

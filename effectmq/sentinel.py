@@ -31,14 +31,15 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, BlockingConnectionPool
+from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
+from .multihost import connection_option, has_scheme, split_hosts
 from .redaction import SENTINEL_SCHEMES
 
 __all__ = ["DEFAULT_SENTINEL_PORT", "SentinelTarget", "is_sentinel_url", "parse_sentinel_url", "sentinel_client"]
@@ -47,7 +48,6 @@ DEFAULT_SENTINEL_PORT = 26379
 # Options of the connections to the primary that the Sentinel connections share.
 _SHARED_WITH_SENTINELS = ("socket_timeout", "socket_connect_timeout", "socket_keepalive", "socket_keepalive_options")
 _OWN_OPTIONS = {"sentinel_password", "sentinel_username", "min_other_sentinels", "password", "username", "db"}
-_NOT_IN_URL = {"max_connections", "timeout"}  # set by connect(): max_connections bounds the pool
 
 
 @dataclass(frozen=True)
@@ -68,27 +68,15 @@ class SentinelTarget:
 
 def is_sentinel_url(url: object) -> bool:
     """Whether `url` is a redis+sentinel:// or rediss+sentinel:// URL."""
-    if not isinstance(url, str):
-        return False
-    scheme, sep, _ = url.partition("://")
-    return bool(sep) and scheme.lower() in SENTINEL_SCHEMES
+    return has_scheme(url, SENTINEL_SCHEMES)
 
 
 def parse_sentinel_url(url: str) -> SentinelTarget:
     """The parts of a Sentinel URL; ValueError (never quoting a password) when malformed."""
     if not is_sentinel_url(url):
         raise ValueError("not a redis+sentinel:// or rediss+sentinel:// URL")
-    parts = urlsplit(url)
-    if parts.fragment:
-        raise ValueError("a Sentinel URL has no #fragment (percent-encode '#' in a password)")
-    userinfo, at, hostinfo = parts.netloc.rpartition("@")
-    sentinels = []
-    for address in hostinfo.split(","):
-        piece = urlsplit(f"//{address}")
-        port = piece.port  # ValueError when not a number
-        if not piece.hostname:
-            raise ValueError("a Sentinel URL lists Sentinels as host[:port],host[:port],... before the service name")
-        sentinels.append((piece.hostname, port or DEFAULT_SENTINEL_PORT))
+    parts, sentinels, found = split_hosts(url, "Sentinel", DEFAULT_SENTINEL_PORT,
+                                          "Sentinels as host[:port],host[:port],... before the service name")
     path = [unquote(p) for p in parts.path.split("/")[1:]]
     if path and path[-1] == "":
         path.pop()  # a trailing slash
@@ -100,9 +88,6 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
         if not path[1].isdigit():
             raise ValueError("the db of a Sentinel URL (after the service name) must be a number")
         db = int(path[1])
-    user, colon, password = userinfo.partition(":")
-    found: dict[str, Any] = {"username": unquote(user) if user else None,
-                             "password": unquote(password) if colon and password else None}
     options: dict[str, Any] = {}
     for name, value in parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)):
         if name in _OWN_OPTIONS:
@@ -114,13 +99,8 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
                 found[name] = int(value)
             else:
                 found[name] = value or None
-        elif name in URL_QUERY_ARGUMENT_PARSERS and name not in _NOT_IN_URL:
-            try:
-                options[name] = URL_QUERY_ARGUMENT_PARSERS[name](value)
-            except (TypeError, ValueError):
-                raise ValueError(f"invalid value for {name!r} in the Sentinel URL") from None
         else:
-            raise ValueError(f"unknown option {name!r} in the Sentinel URL")
+            options[name] = connection_option(name, value, "Sentinel")
     return SentinelTarget(tuple(sentinels), service_name, db=found.pop("db", db),
                           tls=parts.scheme == "rediss+sentinel", options=options, **found)
 
