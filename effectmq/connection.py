@@ -61,6 +61,8 @@ class ReplyClass:
 def classify_reply(exc: BaseException) -> ReplyClass:
     """How a worker loop treats what redis-py raised: back off and retry, or give up."""
     if isinstance(exc, redis_errors.RedisClusterException):  # not a RedisError: no reply behind it
+        if isinstance(exc.__cause__, redis_errors.AuthenticationError):
+            return ReplyClass("AUTH", False)  # no seed accepted the password: as from one Redis
         transient = (isinstance(exc, redis_errors.SlotNotCoveredError)
                      or isinstance(exc.__cause__, TRANSPORT_ERRORS))
         return ReplyClass(CLUSTER, transient)
@@ -196,7 +198,7 @@ class RedisErrors:
             text = f"{reply.code} {text}"
         if reply.code in ("MOVED", "ASK"):
             text += self.hint
-        if isinstance(exc, TRANSPORT_ERRORS) or (reply.code == CLUSTER and reply.retryable):
+        if isinstance(exc, (*TRANSPORT_ERRORS, redis_errors.RedisClusterException)):  # no reply: not reached
             raise RedisUnavailable(f"Redis unavailable {self.where}: {text}", reply.code, reply.retryable) from cause
         if reply.retryable:
             raise RedisUnavailable(f"Redis refused for now {self.where}: {text}", reply.code) from cause

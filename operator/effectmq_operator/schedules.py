@@ -267,16 +267,20 @@ class ScheduleController:
         next_gc = 0.0
         failures = 0
         while True:
+            step = "the leadership check"  # named in a failure: "TimeoutError" alone says nothing
             try:
                 self.kube.check_leader()
                 if time.monotonic() >= next_gc:  # always before the first pass
+                    step = "garbage collection"
                     await asyncio.wait_for(self.collect_garbage(target), self.deadline)
                     next_gc = time.monotonic() + GC_EVERY
+                step = "the tick pass"
                 report = await asyncio.wait_for(self.connections.scheduler(target).tick(), self.deadline)
                 failures = 0
                 for m in report.materialized:
                     if m.created:
                         metrics.TICKS.labels(m.schedule_id).inc()
+                step = "the status mirror"
                 await asyncio.wait_for(self._mirror(target), self.deadline)
                 await asyncio.sleep(0 if report.more else self.tick_every)
             except asyncio.CancelledError:
@@ -286,7 +290,9 @@ class ScheduleController:
             except Exception as exc:
                 failures += 1
                 if failures in (1, 10) or failures % 60 == 0:
-                    log.warning("schedule pass on %r failed: %s", target, describe_failure(exc, target.secrets))
+                    why = (f"took longer than {self.deadline:g} s" if isinstance(exc, asyncio.TimeoutError)
+                           else describe_failure(exc, target.secrets))
+                    log.warning("schedule pass on %r failed in %s: %s", target, step, why)
                 await asyncio.sleep(backoff(failures, 10.0))
 
     async def _mirror(self, target: RedisTarget) -> None:

@@ -64,6 +64,16 @@ async def test_a_cluster_with_no_reachable_seed_is_retryable_and_never_shows_the
     assert "s3cret" not in str(caught.value) and "redis+cluster://:***@127.0.0.1:1" in str(caught.value)
 
 
+async def test_a_wrong_password_for_a_cluster_is_an_auth_error_as_for_one_redis(make_redis_cluster):
+    # redis-py wraps it in "cannot be connected" (retryable, as if no node answered)
+    cluster = make_redis_cluster(password="right-one", aof=False)
+    async with effectmq.TaskQueue("q", url=cluster.url(password="wrong-one")) as q:
+        with pytest.raises(RedisUnavailable) as caught:
+            await q.offer("work", {})
+    assert caught.value.code == "AUTH" and not caught.value.retryable
+    assert "wrong-one" not in str(caught.value) and "right-one" not in str(caught.value)
+
+
 async def test_a_cluster_client_and_a_cluster_url_run_every_queue_operation(redis_cluster):
     """Was: AttributeError: 'RedisCluster' object has no attribute 'connection_pool'
     (a given client), and "not a redis:// ... URL" for the cluster URL."""
