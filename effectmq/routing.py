@@ -23,7 +23,7 @@ from redis.asyncio.connection import ConnectionPool
 from redis.crc import key_slot
 
 from .connection import TRANSPORT_ERRORS, RedisErrors
-from .scripts import ScriptRunner
+from .scripts import ScriptRunner, exchange
 
 __all__ = ["ClusterScriptRunner", "script_runner", "server_time_ms", "subscriber"]
 
@@ -65,10 +65,7 @@ class ClusterScriptRunner(ScriptRunner):
     key names the slot), and follows MOVED and ASK (see the module docstring)."""
 
     def __init__(self, client: RedisCluster, keys: Sequence[str], errors: RedisErrors):
-        self.client = client
-        self.errors = errors
-        self.keys = [k.encode() for k in keys]
-        self.nkeys = len(self.keys)
+        super().__init__(client, keys, errors)
         self.slot = key_slot(self.keys[0])
         self.topology = _topology(client)
 
@@ -113,21 +110,9 @@ class ClusterScriptRunner(ScriptRunner):
         then read every reply (errors as values)."""
         conn = node.acquire_connection()
         try:
-            prefix = conn.pack_command("ASKING") if asking else []
-            await conn.send_packed_command([part for call in packed for part in (*prefix, *call)],
-                                           check_health=False)
-            replies = []
-            for _ in packed:
-                if asking:
-                    await conn.read_response()  # OK
-                try:
-                    replies.append(await conn.read_response(disable_decoding=raw))
-                except redis_errors.ResponseError as exc:
-                    replies.append(exc)
-            return replies
-        except BaseException as exc:
-            await conn.disconnect()  # a reply may still be in flight
-            if isinstance(exc, TRANSPORT_ERRORS) and not isinstance(exc, redis_errors.MaxConnectionsError):
+            return await exchange(conn, packed, raw, asking=asking)
+        except TRANSPORT_ERRORS as exc:
+            if not isinstance(exc, redis_errors.MaxConnectionsError):
                 self.topology.stale = True  # the node may be gone: re-read the map before the next call
             raise
         finally:

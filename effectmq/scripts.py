@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import redis
 import redis.exceptions as redis_errors
+from redis.asyncio.connection import Connection
 
 from .connection import TRANSPORT_ERRORS, RedisErrors
 from .protocol import SCRIPTS, ScriptArgs, lua_defaults
@@ -61,7 +62,6 @@ class ScriptRunner:
     def __init__(self, client, keys: Sequence[str], errors: RedisErrors):
         self.client = client
         self.errors = errors
-        self.pool = client.connection_pool
         self.keys = [k.encode() for k in keys]  # the queue's; keys[0] is its base
         self.nkeys = len(self.keys)
 
@@ -74,25 +74,16 @@ class ScriptRunner:
         command = ("EVALSHA", sha(operation), self.nkeys + len(task_keys), *self.keys, *task_keys, *argv)
         if _pack is not None:
             return [_pack(command)]
-        return self.pool.connection_class(**self.pool.connection_kwargs).pack_command(*command)
+        return Connection().pack_command(*command)  # packing needs no connected socket
 
     async def _send(self, packed: list, raw: bool) -> list:
-        """Write every packed call on one connection, then read every reply (errors as values)."""
-        conn = await self.pool.get_connection(*_CONNECTION_ARGS)
+        """Write every packed call on one pooled connection, then read every reply (errors as values)."""
+        pool = self.client.connection_pool
+        conn = await pool.get_connection(*_CONNECTION_ARGS)
         try:
-            await conn.send_packed_command([part for call in packed for part in call], check_health=False)
-            replies = []
-            for _ in packed:
-                try:
-                    replies.append(await conn.read_response(disable_decoding=raw))
-                except redis_errors.ResponseError as exc:
-                    replies.append(exc)
-            return replies
-        except BaseException:
-            await conn.disconnect()  # a reply may still be in flight
-            raise
+            return await exchange(conn, packed, raw)
         finally:
-            await self.pool.release(conn)
+            await pool.release(conn)
 
     async def run(self, args: ScriptArgs[R]) -> R:
         """One typed script call; its reply parsed."""
@@ -130,3 +121,24 @@ class ScriptRunner:
                 if isinstance(reply, redis_errors.ResponseError):
                     raise reply
             return replies
+
+
+async def exchange(conn: Connection, packed: list, raw: bool, *, asking: bool = False) -> list:
+    """Write the packed calls on `conn` (each after ASKING when `asking`: a cluster slot
+    being migrated), then read every reply, error replies as values. A connection
+    interrupted mid-call is disconnected: it is never reused with an unread reply."""
+    try:
+        prefix = conn.pack_command("ASKING") if asking else []
+        await conn.send_packed_command([part for call in packed for part in (*prefix, *call)], check_health=False)
+        replies = []
+        for _ in packed:
+            if asking:
+                await conn.read_response()  # OK
+            try:
+                replies.append(await conn.read_response(disable_decoding=raw))
+            except redis_errors.ResponseError as exc:
+                replies.append(exc)
+        return replies
+    except BaseException:
+        await conn.disconnect()  # a reply may still be in flight
+        raise
