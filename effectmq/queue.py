@@ -347,22 +347,14 @@ class TaskQueue(OwnsConnection):
         check_number("batch", batch, minimum=1, integer=True, allow_none=False, maximum=MAX_MAINTAIN_BATCH)
         with self._redis_errors:
             now = await server_time_ms(self.redis, self.keys.base)
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for index in (*TASK_SWEEPS, *OWN_SWEEPS):
-                    pipe.zrange(self.keys.key(index), 0, 0, withscores=True)
-                firsts = await pipe.execute()
-            due = [index for index, first in zip((*TASK_SWEEPS, *OWN_SWEEPS), firsts) if first and first[0][1] <= now]
-            if not due:
+            async with self.redis.pipeline(transaction=False) as pipe:  # the due ids; of OWN_SWEEPS, whether any
+                for index, most in [(i, batch) for i in TASK_SWEEPS] + [(i, 1) for i in OWN_SWEEPS]:
+                    pipe.zrange(self.keys.key(index), "-inf", now, byscore=True, offset=0, num=most)
+                due = await pipe.execute()
+            if not any(due):
                 return MaintenanceReport(0, 0, 0, 0, 0, False)
-            candidates: list[str] = []
-            cut_short = False
-            if task_sweeps := [index for index in due if index in TASK_SWEEPS]:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for index in task_sweeps:
-                        pipe.zrange(self.keys.key(index), "-inf", now, byscore=True, offset=0, num=batch)
-                    for ids in await pipe.execute():
-                        candidates += ids
-                        cut_short = cut_short or len(ids) == batch
+            candidates = [task_id for ids in due[:len(TASK_SWEEPS)] for task_id in ids]
+            cut_short = any(len(ids) == batch for ids in due[:len(TASK_SWEEPS)])
         err = codec.dumps(ErrorInfo(STALLED, "lease expired too many times", kind="stall").to_json())
         reply = await self._scripts.run(protocol.MaintainArgs(batch, self.max_stalled_count, err,
                                                               retention_ms(self.retention_failed), candidates))
