@@ -6,6 +6,7 @@ master SIGKILLed mid-run while its replica takes over.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 
@@ -120,13 +121,28 @@ async def _logged(worker, text: str) -> bool:
     return text in worker.log()
 
 
+@contextlib.asynccontextmanager
+async def stopped_after(workers, queues, *, clean_of: tuple[str, ...]):
+    """Stop the worker processes and close the queues after the block; when it passed,
+    no worker log holds any of `clean_of`."""
+    try:
+        yield
+    finally:
+        for w in workers:
+            w.stop()
+        for q in queues:
+            await q.close()
+    for w in workers:
+        assert not any(word in w.log() for word in clean_of), w.log()[-3000:]
+
+
 async def test_twenty_queues_on_every_master_complete_through_worker_processes(redis_cluster, tmp_path):
     url = redis_cluster.url(seeds=2)
     assert len(slots_by_master(redis_cluster, QUEUES)) == 3
     queues = [effectmq.TaskQueue(name, url=url) for name in QUEUES]
     workers = [WorkerProcess(url, name, tmp_path, name=f"w{i}", args=["--concurrency", "4"])
                for i, name in enumerate(QUEUES)]
-    try:
+    async with stopped_after(workers, queues, clean_of=("Error", "Traceback")):
         offered = {}
         for q in queues:
             for item in await q.offer_many([("work", {"n": n}) for n in range(10)]):
@@ -138,13 +154,6 @@ async def test_twenty_queues_on_every_master_complete_through_worker_processes(r
         assert set(runs) == set(offered) and set(runs.values()) == {1}
         for task_id, q in offered.items():
             assert (await q.get(task_id)).state == "completed"
-    finally:
-        for w in workers:
-            w.stop()
-        for q in queues:
-            await q.close()
-    for w in workers:
-        assert "Error" not in w.log() and "Traceback" not in w.log(), w.log()[-3000:]
 
 
 async def test_the_scheduler_through_the_cluster_url_materializes_every_tick_once(redis_cluster):
@@ -199,7 +208,7 @@ async def test_a_master_killed_mid_run_every_accepted_task_ends_in_one_terminal_
     workers = [WorkerProcess(url, name, tmp_path, name=f"w{i}",
                              args=["--concurrency", "4", "--lock-timeout", "2", "--maintenance-interval", "0.5"])
                for i, name in enumerate(names)]
-    try:
+    async with stopped_after(workers, queues, clean_of=("MovedError", "Traceback")):
         before = {}
         for q in queues:
             for item in await q.offer_many([("work", {"sleep": 0.05}) for _ in range(60)]):
@@ -244,13 +253,6 @@ async def test_a_master_killed_mid_run_every_accepted_task_ends_in_one_terminal_
         assert states["failed"] == states["canceled"] == 0
         assert states["completed"] == len(before) + len(after)  # one record each, in one state
         assert all(" failed (" in w.log() for w, name in zip(workers, names) if name in victims)  # it hit them
-    finally:
-        for w in workers:
-            w.stop()
-        for q in queues:
-            await q.close()
-    for w in workers:
-        assert "MovedError" not in w.log() and "Traceback" not in w.log(), w.log()[-3000:]
 
 
 def _promoted(replica) -> bool:
