@@ -8,6 +8,15 @@ import asyncio
 from effectmq_operator.connections import IDLE_CLIENT, Connections, RedisTarget
 
 
+async def settles_at(server, expected: int, timeout: float = 2.0) -> bool:
+    """Whether the server's count of other connections is (or becomes, within `timeout`:
+    a connection closed on our side is dropped on the server's next loop) `expected`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while (count := others(server)) != expected and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    return count == expected
+
+
 def others(server) -> int:
     """Connections the server holds, except the one asking."""
     client = server.client()
@@ -26,14 +35,13 @@ async def test_a_client_nobody_uses_is_closed(make_redis):
         old_target, new_target = RedisTarget(old.url), RedisTarget(new.url)
         assert connections.queue(old_target, "a").redis is connections.queue(old_target, "b").redis
         await connections.queue(old_target, "a").stats()
-        assert others(old) == 1
+        assert await settles_at(old, 1), others(old)
         now[0] += IDLE_CLIENT / 2
         await connections.queue(new_target, "a").stats()
-        assert others(old) == 1, "still in use a while ago"
+        assert await settles_at(old, 1), "still in use a while ago"
         now[0] += IDLE_CLIENT / 2 + 1
         await connections.queue(new_target, "a").stats()
-        await asyncio.sleep(0.2)  # the close runs on its own
-        assert others(old) == 0
-        assert others(new) == 1
+        assert await settles_at(old, 0)  # the close runs on its own
+        assert await settles_at(new, 1), others(new)
     finally:
         await connections.close()
