@@ -44,9 +44,23 @@ class _Topology:
     async def refresh(self, client: RedisCluster, seen_epoch: int) -> None:
         async with self.lock:
             if self.epoch == seen_epoch:  # nobody re-read it meanwhile
-                await client.nodes_manager.initialize()
+                await _reread_slot_map(client)
                 self.epoch += 1
                 self.stale = False
+
+
+async def _reread_slot_map(client: RedisCluster) -> None:
+    """Under the lock redis-py's own `initialize()` takes: before redis-py 6 its slot map
+    re-read was not serialized, and two re-reads at once rewrite the startup nodes the
+    other is iterating. One that still meets a rewrite (redis-py 5 also drops a failed
+    seed unlocked) is an outage like the one that caused it: retried."""
+    if client._lock is None:
+        client._lock = asyncio.Lock()
+    async with client._lock:
+        try:
+            await client.nodes_manager.initialize()
+        except RuntimeError as exc:  # "dictionary changed size during iteration"
+            raise redis_errors.ConnectionError(f"the cluster's slot map changed while it was read ({exc})") from exc
 
 
 _topologies: "weakref.WeakKeyDictionary[RedisCluster, _Topology]" = weakref.WeakKeyDictionary()

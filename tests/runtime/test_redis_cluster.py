@@ -316,6 +316,44 @@ async def test_a_slot_that_moves_is_followed_through_ask_and_moved(redis_cluster
     assert redis_cluster.master_of_slot(slot).port == target.port
 
 
+async def test_our_slot_map_reread_and_redis_pys_own_do_not_race(redis_cluster):
+    """Was (CI, redis-py 5.3, a master killed): a worker died of `RuntimeError:
+    dictionary changed size during iteration`. Its script runner re-read the slot map
+    while redis-py re-initialized the same client; both walk the startup nodes, and the
+    first one to finish rewrites them under the other, still waiting on a dead seed."""
+    from redis.asyncio.cluster import ClusterNode
+
+    from effectmq import routing
+
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(_reader, writer):  # a seed that accepts and never answers
+        held.append(writer)
+
+    dead = await asyncio.start_server(silent, "127.0.0.1", 0)
+    dead_port = dead.sockets[0].getsockname()[1]
+    client = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", dead_port),
+                                         ClusterNode("127.0.0.1", redis_cluster.nodes[0].port)],
+                          decode_responses=True)
+    try:
+        topology = routing._topology(client)
+        ours = asyncio.create_task(topology.refresh(client, topology.epoch))
+        theirs = asyncio.create_task(client.initialize())
+        async def both_done():
+            waiting = [writer for writer in held if not writer.is_closing()]
+            if waiting:  # one re-read at a time goes on from the dead seed to the live one
+                waiting[0].close()
+            return ours.done() and theirs.done()
+
+        await wait_until(both_done, 10, "both re-reads done", interval=0.2)
+        await asyncio.gather(ours, theirs)
+        assert client.nodes_manager.get_node_from_slot(0) is not None
+    finally:
+        for writer in held:
+            writer.close()
+        dead.close()
+        await client.aclose()
+
 async def test_wake_ups_and_waits_are_heard_on_a_cluster(redis_cluster):
     """The wake signal and wait() subscribe on a cluster too (a PUBLISH reaches every
     node): an offer wakes an idle worker, a completion answers a waiting producer, both
