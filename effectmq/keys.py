@@ -47,5 +47,5 @@ class QueueKeys:
         """The queue's KEYS every script receives first, in the order lib.lua documents
         (the task hashes a call touches follow them)."""
         b = self.base
-        parts = (*INDEXES, "dedup", "meta", "events", "seq", "ready_since", "workers", "settled", "waiters", "peeked")
+        parts = (*INDEXES, "dedup", "meta", "events", "seq", "minutes", "workers", "settled", "waiters", "peeked")
         return [b] + [b + part for part in parts]

@@ -24,6 +24,31 @@ def _ms_to_datetime(value: str | None) -> datetime | None:
     return datetime.fromtimestamp(int(value) / 1000, tz=timezone.utc)
 
 
+@dataclass(frozen=True)
+class AttemptRecord:
+    """An attempt that ended without success: failed (handler error), stalled (its lease
+    ran out) or released (given back)."""
+
+    attempt: int
+    outcome: str
+    error: ErrorInfo | None
+    finished_at: datetime | None
+
+    def to_json(self) -> dict:
+        return {"attempt": self.attempt, "outcome": self.outcome,
+                "error": self.error.to_json() if self.error else None,
+                "finished_at": self.finished_at.isoformat() if self.finished_at else None}
+
+
+@dataclass(frozen=True)
+class ThroughputPoint:
+    """Tasks settled in one minute (UTC): completed, and failed for good."""
+
+    minute: datetime
+    completed: int
+    failed: int
+
+
 @dataclass
 class TaskInfo:
     task_id: str
@@ -45,6 +70,7 @@ class TaskInfo:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     lease_deadline: datetime | None = None
+    attempts: list[AttemptRecord] = field(default_factory=list)  # oldest first, at most 20
     corrupt: str | None = None  # why a stored value could not be decoded
     raw: dict[str, bytes] = field(default_factory=dict)  # the bytes of values that are not UTF-8
 
@@ -71,14 +97,42 @@ class TaskInfo:
             "created_at": ts(self.created_at), "ready_at": ts(self.ready_at),
             "started_at": ts(self.started_at), "finished_at": ts(self.finished_at),
             "lease_deadline": ts(self.lease_deadline) if self.state == "active" else None,
+            "attempts": [a.to_json() for a in self.attempts],
             "corrupt": self.corrupt,
         }
+
+
+def throughput_points(counts: Mapping[str, str], current_minute: int, minutes: int,
+                      slots: int) -> list[ThroughputPoint]:
+    """The per-minute counts of lib.lua's ring ("m:<slot>" names the minute a slot counts)
+    as one point per minute, oldest first; a slot that counts another minute is zero."""
+    points = []
+    for minute in range(current_minute - minutes + 1, current_minute + 1):
+        slot = minute % slots
+        fresh = counts.get(f"m:{slot}") == str(minute)
+        points.append(ThroughputPoint(datetime.fromtimestamp(minute * 60, tz=timezone.utc),
+                                      int(counts.get(f"c:{slot}", 0)) if fresh else 0,
+                                      int(counts.get(f"f:{slot}", 0)) if fresh else 0))
+    return points
 
 
 def _optional_int(value: str | None) -> int | None:
     if value is None or value == "" or int(value) < 0:
         return None
     return int(value)
+
+
+def _attempts(value: Any) -> list[AttemptRecord]:
+    if not isinstance(value, list):
+        return []
+    out = []
+    for entry in value:
+        if isinstance(entry, dict):
+            error = entry.get("error")
+            out.append(AttemptRecord(int(entry.get("attempt") or 0), str(entry.get("outcome", "")),
+                                     ErrorInfo.from_json(error) if isinstance(error, dict) else None,
+                                     _ms_to_datetime(entry.get("at"))))
+    return out
 
 
 def parse_task(task_id: str, fields: "RawFields | dict[str, str]") -> TaskInfo:
@@ -99,6 +153,7 @@ def parse_task(task_id: str, fields: "RawFields | dict[str, str]") -> TaskInfo:
 
     error = decode("error")
     options = decode("options")
+    attempts = decode("attempts")
     return TaskInfo(
         task_id=task_id,
         name=h.get("name", ""),
@@ -114,6 +169,7 @@ def parse_task(task_id: str, fields: "RawFields | dict[str, str]") -> TaskInfo:
         max_retries=_optional_int(h.get("max_retries")),
         max_stalled_count=_optional_int(h.get("max_stalled_count")),
         options=options if isinstance(options, dict) else {},
+        attempts=_attempts(attempts),
         created_at=_ms_to_datetime(h.get("created_at")),
         ready_at=_ms_to_datetime(h.get("ready_at")),
         started_at=_ms_to_datetime(h.get("started_at")),

@@ -62,7 +62,8 @@ class AcquireStatus(StrEnum):
 # Queue settings' values when the meta hash has none. scripts.py writes them into every
 # script as the Lua table DEFAULTS (every script emits events, most may forget a record),
 # so Python is their one source; per-call defaults travel in each script's ARGV instead.
-SETTING_DEFAULTS = {"paused": 0, "max_active": 0, "dedup_window_ms": 604_800_000, "events_maxlen": 10_000}
+SETTING_DEFAULTS = {"paused": 0, "max_active": 0, "dedup_window_ms": 604_800_000, "events_maxlen": 10_000,
+                    "events_always": 0}
 
 
 def lua_defaults() -> str:
@@ -323,14 +324,14 @@ class StatsReply:
     completed: int
     failed: int
     canceled: int
-    oldest_ready_at: int  # ms, -1 = nothing waiting
     paused: bool
     max_active: int
+    heads: list[str]  # the first waiting id of each priority band
 
     @classmethod
     def from_reply(cls, reply: list) -> "StatsReply":
-        r = [int(x) for x in reply]
-        return cls(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8]), r[9])
+        r = [int(x) for x in reply[:9]]
+        return cls(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8], [x.decode() if isinstance(x, bytes) else str(x) for x in reply[9:]])
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from .connection import OwnsConnection, RedisErrors, connect
 from .engine import Lease, LeaseEngine, WakeSignal
 from .errors import CANCELED, STALLED, ErrorInfo, InvalidOption, TaskFailed, TaskNotFound
 from .keys import INDEXES, QueueKeys, check_queue_name
-from .models import MaintenanceReport, Offered, QueueStats, TaskInfo
+from .models import MaintenanceReport, Offered, QueueStats, TaskInfo, ThroughputPoint
 from .protocol import MAX_ACQUIRE, MAX_DELAY, MAX_MAINTAIN_BATCH, ms, retention_ms
 from .routing import script_runner, server_time_ms, subscriber
 
@@ -44,8 +44,12 @@ SETTINGS = {
     "retention_failed": "retention_failed_ms",
     "dedup_window": "dedup_window_ms",
     "events_maxlen": "events_maxlen",
+    "events_always": "events_always",
+    "sensitive": "sensitive",
     "retry": "retry",
 }
+# Yes/no settings, stored as "1" / "0"; read back as False when never set.
+_FLAG_SETTINGS = {"paused", "events_always", "sensitive"}
 _SECONDS_SETTINGS = {"lock_timeout", "retention_completed", "retention_failed", "dedup_window"}
 # Indexes whose due members are task ids: maintain declares their hashes (lib.lua).
 TASK_SWEEPS = ("active", "delayed", "completed", "failed", "canceled")
@@ -55,6 +59,11 @@ OWN_SWEEPS = ("dedup", "settled", "waiters")
 # it); and how often wait() reads the state again without a message.
 WAITER_TTL = 60.0
 WAIT_RECHECK = 5.0
+# How long one want_events() keeps lifecycle events written (events() asks again after
+# half of it); how far task_events() looks back in the stream.
+EVENTS_INTEREST = 60.0
+EVENTS_SCAN = 10_000
+MINUTE_SLOTS = 180  # lib.lua: the per-minute counts kept
 
 
 def offer_argv(task_name: str, payload: Any, *, task_id: str | None = None, delay: float | None = None,
@@ -274,8 +283,11 @@ class TaskQueue(OwnsConnection):
         """Write queue-level settings read by every producer, worker and script.
 
         Keys: paused, max_active, max_retries, max_stalled_count, lock_timeout,
-        retention_completed, retention_failed, dedup_window, events_maxlen, retry.
-        A value of None resets that setting to the default.
+        retention_completed, retention_failed, dedup_window, events_maxlen, retry,
+        events_always (write lifecycle events even while nobody reads them; by default
+        they are written only while a reader asked within the last minute, see
+        want_events), sensitive (payloads, results and progress are not shown by the
+        dashboard). A value of None resets that setting to the default.
         """
         written: list[protocol.Setting] = []
         for key, value in settings.items():
@@ -283,7 +295,7 @@ class TaskQueue(OwnsConnection):
                 raise InvalidOption(f"unknown queue setting {key!r}; known: {', '.join(SETTINGS)}")
             if value is None:
                 encoded = ""
-            elif key == "paused":
+            elif key in _FLAG_SETTINGS:
                 encoded = "1" if value else "0"
             elif key == "retry":
                 encoded = codec.dumps(retry_policies.to_json(value))
@@ -301,12 +313,12 @@ class TaskQueue(OwnsConnection):
         """Queue-level settings currently stored in Redis (seconds for durations)."""
         with self._redis_errors:
             raw = await self.redis.hgetall(self.keys.key("meta"))
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {key: False for key in _FLAG_SETTINGS - {"paused"}}
         for key, field in SETTINGS.items():
             if field not in raw:
                 continue
             value = raw[field]
-            if key == "paused":
+            if key in _FLAG_SETTINGS:
                 out[key] = value == "1"
             elif key == "retry":
                 out[key] = retry_policies.from_json(codec.loads(value, "retry setting"))
@@ -334,7 +346,16 @@ class TaskQueue(OwnsConnection):
 
     async def stats(self) -> QueueStats:
         r = await self._scripts.run(protocol.StatsArgs())
-        oldest = max(0.0, (r.now - r.oldest_ready_at) / 1000) if r.oldest_ready_at >= 0 else 0.0
+        oldest = 0.0
+        if r.heads:  # each band's first waiting task waited longest in its band
+            with self._redis_errors:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for task_id in r.heads:
+                        pipe.hmget(self.keys.task(task_id), "state", "ready_at")
+                    heads = await pipe.execute()
+            ready = [int(at) for state, at in heads if state == "waiting" and at]
+            if ready:
+                oldest = max(0.0, (r.now - min(ready)) / 1000)
         return QueueStats(self.name, r.waiting, r.delayed, r.active, r.completed, r.failed, r.canceled, oldest,
                           r.paused, r.max_active)
 
@@ -388,16 +409,56 @@ class TaskQueue(OwnsConnection):
         """Tasks that failed for good (handler failures past max_retries, stalls, defects)."""
         return await self.list_tasks("failed", limit=limit, offset=offset)
 
+    async def want_events(self) -> None:
+        """Have lifecycle events written for the next minute (EVENTS_INTEREST). Events
+        cost Redis work on every transition, so by default scripts write them only while
+        some reader asks (events() does so by itself), or always with
+        configure(events_always=True)."""
+        with self._redis_errors:
+            now = await server_time_ms(self.redis, self.keys.base)
+            await self.redis.hset(self.keys.key("meta"), "events_until", now + ms(EVENTS_INTEREST))
+
     async def events(self, *, since: str = "$", block: float = 5.0, count: int = 100) -> AsyncIterator[dict]:
-        """Follow the lifecycle event stream (created, active, progress, completed, failed, ...)."""
+        """Follow the lifecycle event stream (created, active, progress, completed, failed, ...);
+        events are written while this iterator runs (it calls want_events)."""
         last = since
+        asked = 0.0
         while True:
+            if time.monotonic() - asked > EVENTS_INTEREST / 2:
+                await self.want_events()
+                asked = time.monotonic()
             with self._redis_errors:
-                reply: Any = await self.redis.xread({self.keys.key("events"): last}, count=count, block=ms(block))
+                reply: Any = await self.redis.xread({self.keys.key("events"): last}, count=count,
+                                                    block=ms(min(block, EVENTS_INTEREST / 2)))
             for _stream, entries in reply or []:
                 for entry_id, fields in entries:
                     last = entry_id
                     yield {"event_id": entry_id, **fields}
+
+    async def task_events(self, task_id: str, *, limit: int = 200) -> list[dict]:
+        """The lifecycle events of one task still in the event stream (it keeps the last
+        events_maxlen of the queue, and only while events were wanted), oldest first."""
+        found: list[dict] = []
+        end, seen = "+", 0
+        with self._redis_errors:
+            while seen < EVENTS_SCAN and len(found) < limit:
+                chunk = await self.redis.xrevrange(self.keys.key("events"), max=end, min="-", count=1000)
+                if not chunk:
+                    break
+                seen += len(chunk)
+                found.extend({"event_id": entry_id, **fields} for entry_id, fields in chunk
+                             if fields.get("id") == task_id)
+                end = "(" + chunk[-1][0]
+        return list(reversed(found[:limit]))
+
+    async def throughput(self, *, minutes: int = 60) -> list[ThroughputPoint]:
+        """Tasks completed and failed for good per minute over the last `minutes` (at
+        most 180), oldest first, one point per minute (the current one included)."""
+        check_number("minutes", minutes, minimum=1, maximum=MINUTE_SLOTS, integer=True, allow_none=False)
+        with self._redis_errors:
+            now = await server_time_ms(self.redis, self.keys.base)
+            counts = await self.redis.hgetall(self.keys.key("minutes"))
+        return models.throughput_points(counts, now // 60_000, minutes, MINUTE_SLOTS)
 
     async def worker_beat(self, name: str, in_flight: int, concurrency: int, ttl: float) -> None:
         """Announce a worker's load (in_flight < 0: it is leaving)."""

@@ -89,23 +89,27 @@ local taking = {}
 for i = 1, math.min(count, #picks) do taking[i] = picks[i][2] end
 if #taking > 0 then
   redis.call('ZREM', K_WAITING, unpack(taking))
-  redis.call('ZREM', K_READY_SINCE, unpack(taking))
-end
-for _, id in ipairs(taking) do
-  local key = task_key(id)
-  if redis.call('EXISTS', key) == 1 then
-    local attempt = redis.call('HINCRBY', key, 'attempt', 1)
-    local token = ARGV[3] .. ':' .. redis.call('INCR', K_SEQ)
-    redis.call('HSET', key, 'state', 'active', 'token', token, 'lock_until', deadline, 'started_at', now)
-    redis.call('ZADD', K_ACTIVE, deadline, id)
+  local seq = redis.call('INCRBY', K_SEQ, #taking) - #taking  -- one sequence number per lease token
+  local leased = {}  -- deadline, id pairs for the active index
+  for i, id in ipairs(taking) do
+    local key = task_key(id)
     local f = redis.call('HMGET', key, 'name', 'payload', 'handler_failure_count',
-      'stalled_attempt_count', 'max_retries', 'options', 'priority')
-    out[#out + 1] = id
-    out[#out + 1] = token
-    out[#out + 1] = attempt
-    for j = 1, 7 do out[#out + 1] = f[j] end
-    emit('active', id, 'attempt', attempt)
+      'stalled_attempt_count', 'max_retries', 'options', 'priority', 'attempt')
+    if f[1] then  -- every record has a name; none: the record is gone
+      local attempt = (tonumber(f[8]) or 0) + 1
+      local token = ARGV[3] .. ':' .. (seq + i)
+      redis.call('HSET', key, 'state', 'active', 'token', token, 'lock_until', deadline, 'started_at', now,
+        'attempt', attempt)
+      leased[#leased + 1] = deadline
+      leased[#leased + 1] = id
+      out[#out + 1] = id
+      out[#out + 1] = token
+      out[#out + 1] = attempt
+      for j = 1, 7 do out[#out + 1] = f[j] end
+      emit('active', id, 'attempt', attempt)
+    end
   end
+  if #leased > 0 then redis.call('ZADD', K_ACTIVE, unpack(leased)) end
 end
 
 -- Name the next ids: the candidates left over, then after the ids another caller was

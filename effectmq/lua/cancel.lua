@@ -17,4 +17,4 @@ redis.call('HSET', key, 'error', ARGV[2])
 emit('canceled', id, 'was', state)
 settle(id, key, 'canceled', K_CANCELED, meta_num('retention_failed_ms', ARGV[3]), now)
 if state == 'active' then freed_slot() end
-return state
+return finish(state)

@@ -10,21 +10,23 @@ Returns: {outcomes...}  one per completion (protocol.Outcome): 1 = completed (no
 local now = now_ms()
 local retention = meta_num('retention_completed_ms', ARGV[1])
 local out = {}
-local freed = false
+local done = {}  -- ids completed by this call
 for i = 2, #ARGV, 3 do
   local id, token = ARGV[i], ARGV[i + 1]
-  local key = owned(id, token, now)
+  local key, st = owned(id, token, now)
   if key then
-    redis.call('ZREM', K_ACTIVE, id)
-    redis.call('HSET', key, 'result', ARGV[i + 2])
-    record_outcome(key, token, OUTCOME_COMPLETED)
+    done[#done + 1] = id
     emit('completed', id)
-    settle(id, key, 'completed', K_COMPLETED, retention, now)
+    settle(id, key, 'completed', K_COMPLETED, retention, now,
+      {'result', ARGV[i + 2], 'last_token', token, 'last_outcome', OUTCOME_COMPLETED},
+      {st[4], token, OUTCOME_COMPLETED, st[3]})
     out[#out + 1] = OUTCOME_COMPLETED
-    freed = true
   else
     out[#out + 1] = outcome_of(id, token)
   end
 end
-if freed then freed_slot() end
-return out
+if #done > 0 then
+  zrem_all(K_ACTIVE, done)
+  freed_slot()
+end
+return finish(out)

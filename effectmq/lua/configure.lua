@@ -3,7 +3,8 @@ KEYS: the queue keys of lib.lua.
 ARGV[1...] settings...: 2 values each: field, value
   an empty value removes the field (back to the default).
   Fields: paused, max_active, max_retries, max_stalled_count, lock_timeout_ms,
-  retention_completed_ms, retention_failed_ms, dedup_window_ms, events_maxlen, retry.
+  retention_completed_ms, retention_failed_ms, dedup_window_ms, events_maxlen, events_always,
+  sensitive, retry; events_until (TaskQueue.want_events).
 Returns: written  the number of fields written. Wakes idle workers (resume, a larger
   max_active).
 ]]

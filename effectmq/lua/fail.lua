@@ -22,6 +22,7 @@ local max_retries = task_option(key, 'max_retries', 'max_retries', ARGV[5])
 local delay = tonumber(ARGV[4])
 redis.call('ZREM', K_ACTIVE, id)
 redis.call('HSET', key, 'error', ARGV[3])
+record_attempt(key, 'failed', ARGV[3], now)
 if delay >= 0 and failures <= max_retries then
   local at = now + delay
   record_outcome(key, token, OUTCOME_RETRY)
@@ -33,10 +34,10 @@ if delay >= 0 and failures <= max_retries then
     enqueue_waiting(id, key, now)
     wake({id})
   end
-  return {OUTCOME_RETRY, failures, at}
+  return finish({OUTCOME_RETRY, failures, at})
 end
 record_outcome(key, token, OUTCOME_FAILED)
 emit('failed', id, 'kind', 'handler', 'retry_at', -1)
 settle(id, key, 'failed', K_FAILED, meta_num('retention_failed_ms', ARGV[6]), now)
 freed_slot()
-return {OUTCOME_FAILED, failures, -1}
+return finish({OUTCOME_FAILED, failures, -1})

@@ -12,9 +12,13 @@ Every script receives the same queue-level KEYS first (all share the queue's has
   KEYS[7]  canceled    zset, score = expiry of the record
   KEYS[8]  dedup       zset of forgotten explicit task ids, score = end of dedup window
   KEYS[9]  meta        hash of queue-level settings (paused, max_active, ...)
-  KEYS[10] events      stream of lifecycle events, trimmed approximately
+  KEYS[10] events      stream of lifecycle events, trimmed approximately; written only
+                       while somebody asked for events lately (meta events_until, set by
+                       TaskQueue.want_events) or always (meta events_always = 1)
   KEYS[11] seq         counter for FIFO order and lease tokens
-  KEYS[12] ready_since zset of waiting ids, score = time it became ready (oldest-waiting age)
+  KEYS[12] minutes     hash of tasks settled per minute, in MINUTE_SLOTS ring slots:
+                       "m:<slot>" = the minute (ms / 60000) the slot counts, "c:<slot>" =
+                       completed, "f:<slot>" = failed for good in that minute
   KEYS[13] workers     hash of live worker processes: name -> "in_flight concurrency expires_ms"
   KEYS[14] settled     zset of settlements whose record is gone while a resend may still come:
                        outcome..":"..token, score = the lease deadline plus a slack
@@ -49,7 +53,7 @@ A list goes on to the next line after a trailing comma; other lines are notes.
 local BASE = KEYS[1]
 local K_WAITING, K_DELAYED, K_ACTIVE = KEYS[2], KEYS[3], KEYS[4]
 local K_COMPLETED, K_FAILED, K_CANCELED = KEYS[5], KEYS[6], KEYS[7]
-local K_DEDUP, K_META, K_EVENTS, K_SEQ, K_READY_SINCE = KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local K_DEDUP, K_META, K_EVENTS, K_SEQ, K_MINUTES = KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local K_WORKERS, K_SETTLED, K_WAITERS, K_PEEKED = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 local QUEUE_KEYS = 16  -- KEYS after these are task hashes
 local TASK_PREFIX = BASE .. 't:'
@@ -75,9 +79,14 @@ local OUTCOME_COMPLETED, OUTCOME_RETRY, OUTCOME_FAILED, OUTCOME_RELEASED = 1, 2,
 local SETTLED_SLACK_MS = 5000
 local PRIORITY_SPAN = 1099511627776 -- 2^40 sequence numbers per priority band
 
+local now_cache = nil
+-- Redis time in ms, read once per call (a script runs atomically: time stands still).
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if now_cache == nil then
+    local t = redis.call('TIME')
+    now_cache = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now_cache
 end
 
 -- The task hash of `id`, which the caller must have declared in KEYS.
@@ -88,8 +97,8 @@ local function task_key(id)
 end
 
 local meta_cache = nil
--- Queue-level setting from the meta hash, or the caller's default.
-local function meta_num(field, fallback)
+-- A number from the meta hash, or nil.
+local function meta_value(field)
   if meta_cache == nil then
     meta_cache = {}
     local flat = redis.call('HGETALL', K_META)
@@ -97,7 +106,12 @@ local function meta_num(field, fallback)
   end
   local v = meta_cache[field]
   if v ~= nil and v ~= '' then return tonumber(v) end
-  return tonumber(fallback)
+  return nil
+end
+
+-- Queue-level setting from the meta hash, or the caller's default.
+local function meta_num(field, fallback)
+  return meta_value(field) or tonumber(fallback)
 end
 
 -- A per-task option stored as a number, where -1 means "use the queue's value".
@@ -107,11 +121,59 @@ local function task_option(key, field, meta_field, fallback)
   return v
 end
 
+-- Events are written while a reader asked for them in the last minute (or always, when
+-- configured so): most queues have no reader, and a stream write per transition was the
+-- largest part of Redis's work per task.
+local events_on = nil
 local function emit(event, id, ...)
-  local maxlen = meta_num('events_maxlen', DEFAULTS.events_maxlen)
-  if maxlen > 0 then
-    redis.call('XADD', K_EVENTS, 'MAXLEN', '~', maxlen, '*', 'event', event, 'id', id, ...)
+  if events_on == nil then
+    events_on = meta_num('events_maxlen', DEFAULTS.events_maxlen) > 0 and
+      (meta_num('events_always', DEFAULTS.events_always) == 1 or (meta_value('events_until') or 0) > now_ms())
   end
+  if events_on then
+    redis.call('XADD', K_EVENTS, 'MAXLEN', '~', meta_num('events_maxlen', DEFAULTS.events_maxlen),
+      '*', 'event', event, 'id', id, 'at', now_ms(), ...)
+  end
+end
+
+-- Tasks settled per minute (completed and failed for good), for throughput charts:
+-- counted in the call and written once at its end (count_settled, then flush_counts).
+local MINUTE_SLOTS = 180  -- three hours of minutes; a slot is reused when its minute comes again
+local settled_counts = {}
+local function count_settled(state)
+  if state == 'completed' or state == 'failed' then
+    settled_counts[state] = (settled_counts[state] or 0) + 1
+  end
+end
+local function flush_counts()
+  local c, f = settled_counts['completed'] or 0, settled_counts['failed'] or 0
+  if c == 0 and f == 0 then return end
+  local minute = math.floor(now_ms() / 60000)
+  local slot = minute % MINUTE_SLOTS
+  if tonumber(redis.call('HGET', K_MINUTES, 'm:' .. slot)) == minute then
+    if c > 0 then redis.call('HINCRBY', K_MINUTES, 'c:' .. slot, c) end
+    if f > 0 then redis.call('HINCRBY', K_MINUTES, 'f:' .. slot, f) end
+  else
+    redis.call('HSET', K_MINUTES, 'm:' .. slot, minute, 'c:' .. slot, c, 'f:' .. slot, f)
+  end
+  settled_counts = {}
+end
+
+-- Attempts that ended without success, kept on the task (newest last, at most
+-- ATTEMPTS_KEPT) for its history: {attempt, outcome, at[, error]}.
+local ATTEMPTS_KEPT = 20
+local function record_attempt(key, outcome, error_json, now)
+  local f = redis.call('HMGET', key, 'attempt', 'attempts')
+  local ok, list = pcall(cjson.decode, f[2] or '[]')
+  if not ok or type(list) ~= 'table' then list = {} end
+  local entry = {attempt = tonumber(f[1]) or 0, outcome = outcome, at = now}
+  if error_json then
+    local decoded_ok, err = pcall(cjson.decode, error_json)
+    if decoded_ok then entry.error = err end
+  end
+  list[#list + 1] = entry
+  while #list > ATTEMPTS_KEPT do table.remove(list, 1) end
+  redis.call('HSET', key, 'attempts', cjson.encode(list))
 end
 
 -- Idle workers may acquire again. `ids` (optional) names tasks now waiting: the message
@@ -131,7 +193,6 @@ local function enqueue_waiting(id, key, now)
   local prio = tonumber(redis.call('HGET', key, 'priority') or '0')
   local seq = redis.call('INCR', K_SEQ)
   redis.call('ZADD', K_WAITING, (-prio) * PRIORITY_SPAN + seq, id)
-  redis.call('ZADD', K_READY_SINCE, now, id)
   redis.call('HSET', key, 'state', 'waiting', 'ready_at', now)
 end
 
@@ -140,17 +201,41 @@ local function enqueue_delayed(id, key, due)
   redis.call('HSET', key, 'state', 'delayed', 'ready_at', due)
 end
 
+-- Index entries added during a call, written at its end with one ZADD per index
+-- (finish): per-task ZADDs were a large part of a batch's work. Only for indexes the
+-- call does not read back meanwhile, except through outcome_of, which flushes first.
+local pending_adds, pending_order = {}, {}
+local function zadd_later(index, score, member)
+  local list = pending_adds[index]
+  if list == nil then
+    list = {}
+    pending_adds[index] = list
+    pending_order[#pending_order + 1] = index
+  end
+  list[#list + 1] = score
+  list[#list + 1] = member
+end
+local function flush_adds()
+  for _, index in ipairs(pending_order) do
+    local list = pending_adds[index]
+    for i = 1, #list, 1000 do
+      redis.call('ZADD', index, unpack(list, i, math.min(i + 999, #list)))
+    end
+  end
+  pending_adds, pending_order = {}, {}
+end
+
 -- Drop a task record; an explicit id stays reserved in the dedup index, and the last
--- settlement's outcome stays known to a resent acknowledgement for a while.
-local function forget(id, key, now)
-  local f = redis.call('HMGET', key, 'explicit_id', 'last_token', 'last_outcome', 'lock_until')
+-- settlement's outcome stays known to a resent acknowledgement for a while. `known`:
+-- {explicit_id, last_token, last_outcome, lock_until} when the caller has them.
+local function forget(id, key, now, known)
+  local f = known or redis.call('HMGET', key, 'explicit_id', 'last_token', 'last_outcome', 'lock_until')
   if f[1] == '1' then
-    local window = meta_num('dedup_window_ms', DEFAULTS.dedup_window_ms)
-    redis.call('ZADD', K_DEDUP, now + window, id)
+    zadd_later(K_DEDUP, now + meta_num('dedup_window_ms', DEFAULTS.dedup_window_ms), id)
   end
   local resend_until = (tonumber(f[4]) or 0) + SETTLED_SLACK_MS
   if f[2] and f[2] ~= '' and f[3] and resend_until > now then  -- a resend may still come
-    redis.call('ZADD', K_SETTLED, resend_until, f[3] .. ':' .. f[2])
+    zadd_later(K_SETTLED, resend_until, f[3] .. ':' .. f[2])
   end
   redis.call('DEL', key)
 end
@@ -163,6 +248,7 @@ end
 -- How `token` settled this task (0 = it did not, or it is no longer known).
 local function outcome_of(id, token)
   if token == '' then return 0 end
+  flush_adds()  -- this call may have settled it already
   local f = redis.call('HMGET', task_key(id), 'last_token', 'last_outcome')
   if f[1] == token then return tonumber(f[2]) or 0 end
   for outcome = OUTCOME_COMPLETED, OUTCOME_RELEASED do
@@ -187,29 +273,43 @@ end
 local anybody_waits = nil
 
 -- Move a task into a terminal state and its retention index; wake its waiters, if any
--- (a PUBLISH reaches every node of a cluster: none is sent when nobody waits).
-local function settle(id, key, state, index_key, retention_ms, now)
-  redis.call('HSET', key, 'state', state, 'finished_at', now, 'token', '')
+-- (a PUBLISH reaches every node of a cluster: none is sent when nobody waits). `extra`:
+-- more field/value pairs for the same HSET; `known`: as for forget. A record kept for
+-- 0 ms is deleted at once, with nothing written to it first.
+local function settle(id, key, state, index_key, retention_ms, now, extra, known)
+  count_settled(state)
   if anybody_waits == nil then anybody_waits = redis.call('EXISTS', K_WAITERS) == 1 end
   if anybody_waits and redis.call('ZREM', K_WAITERS, id) == 1 then
     redis.call('PUBLISH', BASE .. 'done:' .. id, state)
   end
   if retention_ms == 0 then
-    forget(id, key, now)
-  elseif retention_ms < 0 then
-    redis.call('ZADD', index_key, '+inf', id)
+    forget(id, key, now, known)
+    return
+  end
+  local fields = {'state', state, 'finished_at', now, 'token', ''}
+  for _, v in ipairs(extra or {}) do fields[#fields + 1] = v end
+  redis.call('HSET', key, unpack(fields))
+  if retention_ms < 0 then
+    zadd_later(index_key, '+inf', id)
   else
-    redis.call('ZADD', index_key, now + retention_ms, id)
+    zadd_later(index_key, now + retention_ms, id)
   end
 end
 
+-- The end of every script that settles or forgets tasks: the gathered writes go out.
+local function finish(reply)
+  flush_adds()
+  flush_counts()
+  return reply
+end
+
 -- Is the caller the current owner, with a lease that has not run out by Redis time?
--- Returns the task key when it is.
+-- Returns the task key when it is, and {state, token, lock_until, explicit_id}.
 local function owned(id, token, now)
   local key = task_key(id)
-  local st = redis.call('HMGET', key, 'state', 'token', 'lock_until')
+  local st = redis.call('HMGET', key, 'state', 'token', 'lock_until', 'explicit_id')
   if st[1] == 'active' and st[2] == token and token ~= '' and tonumber(st[3]) >= now then
-    return key
+    return key, st
   end
   return nil
 end
@@ -217,7 +317,6 @@ end
 local function drop_from_indexes(id, state)
   if state == 'waiting' then
     redis.call('ZREM', K_WAITING, id)
-    redis.call('ZREM', K_READY_SINCE, id)
   elseif state == 'delayed' then
     redis.call('ZREM', K_DELAYED, id)
   elseif state == 'active' then

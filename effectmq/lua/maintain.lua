@@ -37,6 +37,7 @@ for _, id in ipairs(candidates) do
       local stalls = redis.call('HINCRBY', key, 'stalled_attempt_count', 1)
       local limit = task_option(key, 'max_stalled_count', 'max_stalled_count', ARGV[2])
       redis.call('HSET', key, 'token', '')
+      record_attempt(key, 'stalled', ARGV[3], now)
       if stalls > limit then
         redis.call('HSET', key, 'error', ARGV[3])
         emit('failed', id, 'kind', 'stall', 'retry_at', -1)
@@ -75,4 +76,4 @@ for _, index in ipairs({K_DEDUP, K_SETTLED, K_WAITERS}) do
   ended = ended + #old
 end
 
-return {recovered, dead, promoted, forgotten, ended, more}
+return finish({recovered, dead, promoted, forgotten, ended, more})

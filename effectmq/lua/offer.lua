@@ -11,36 +11,61 @@ local now = now_ms()
 local n = tonumber(ARGV[1])
 local created = {}
 local woke = false
-local ready = {}  -- ids the wake message names
+local ready = {}  -- ids the wake message names (and that join the waiting index)
+local ready_prio = {}
+local later = {}  -- due time, id pairs for the delayed index
 local first_due = next_due()
 for i = 0, n - 1 do
   local b = 2 + i * 9
   local id = ARGV[b]
   local key = task_key(id)
-  local reserved = redis.call('ZSCORE', K_DEDUP, id)
+  -- A generated id is new unless this offer is a resend; an explicit one may be reserved.
+  local reserved = ARGV[b + 1] == '1' and redis.call('ZSCORE', K_DEDUP, id)
   if redis.call('EXISTS', key) == 1 or (reserved and tonumber(reserved) > now) then
     created[#created + 1] = 0
   else
     local delay = tonumber(ARGV[b + 4])
-    redis.call('HSET', key,
-      'name', ARGV[b + 2], 'payload', ARGV[b + 3], 'explicit_id', ARGV[b + 1],
-      'priority', ARGV[b + 5], 'max_retries', ARGV[b + 6], 'max_stalled_count', ARGV[b + 7],
-      'options', ARGV[b + 8], 'attempt', 0, 'handler_failure_count', 0,
-      'stalled_attempt_count', 0, 'created_at', now, 'token', '')
+    local state, ready_at = 'waiting', now
+    if delay > 0 then state, ready_at = 'delayed', now + delay end
+    -- Fields at their defaults are left out (readers default them): a smaller hash is
+    -- less memory, and cheaper for every later read and write of it.
+    local fields = {'name', ARGV[b + 2], 'payload', ARGV[b + 3], 'created_at', now, 'state', state,
+      'ready_at', ready_at, 'attempt', 0, 'handler_failure_count', 0, 'stalled_attempt_count', 0}
+    if ARGV[b + 1] == '1' then fields[#fields + 1] = 'explicit_id'; fields[#fields + 1] = '1' end
+    if ARGV[b + 5] ~= '0' then fields[#fields + 1] = 'priority'; fields[#fields + 1] = ARGV[b + 5] end
+    if ARGV[b + 6] ~= '-1' then fields[#fields + 1] = 'max_retries'; fields[#fields + 1] = ARGV[b + 6] end
+    if ARGV[b + 7] ~= '-1' then fields[#fields + 1] = 'max_stalled_count'; fields[#fields + 1] = ARGV[b + 7] end
+    if ARGV[b + 8] ~= '' then fields[#fields + 1] = 'options'; fields[#fields + 1] = ARGV[b + 8] end
+    redis.call('HSET', key, unpack(fields))
     if delay > 0 then
-      enqueue_delayed(id, key, now + delay)
+      later[#later + 1] = now + delay
+      later[#later + 1] = id
       if first_due < 0 or now + delay < first_due then
         first_due = now + delay
         woke = true  -- a sleeping worker's next look must come sooner
       end
     else
-      enqueue_waiting(id, key, now)
       ready[#ready + 1] = id
+      ready_prio[#ready] = tonumber(ARGV[b + 5]) or 0
       woke = true
     end
     emit('created', id, 'name', ARGV[b + 2])
     created[#created + 1] = 1
   end
+end
+if #ready > 0 then  -- FIFO within a priority band: sequence numbers in offer order
+  local seq = redis.call('INCRBY', K_SEQ, #ready) - #ready
+  local entries = {}
+  for i, id in ipairs(ready) do
+    entries[#entries + 1] = (-ready_prio[i]) * PRIORITY_SPAN + seq + i
+    entries[#entries + 1] = id
+  end
+  for i = 1, #entries, 1000 do
+    redis.call('ZADD', K_WAITING, unpack(entries, i, math.min(i + 999, #entries)))
+  end
+end
+for i = 1, #later, 1000 do
+  redis.call('ZADD', K_DELAYED, unpack(later, i, math.min(i + 999, #later)))
 end
 if woke then wake(ready) end
 return created

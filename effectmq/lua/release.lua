@@ -15,6 +15,7 @@ end
 local delay = tonumber(ARGV[3])
 redis.call('ZREM', K_ACTIVE, id)
 record_outcome(key, token, OUTCOME_RELEASED)
+record_attempt(key, 'released', nil, now)
 emit('released', id)
 if delay > 0 then
   enqueue_delayed(id, key, now + delay)

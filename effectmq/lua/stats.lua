@@ -1,12 +1,24 @@
---[[ stats: counts per state and the age of the oldest waiting task.
+--[[ stats: counts per state, and the ids whose age is the oldest waiting age.
 KEYS: the queue keys of lib.lua.
-Returns: {now, waiting, delayed, active, completed, failed, canceled, oldest_ready_at,
-  paused, max_active}
-  oldest_ready_at: -1 = nothing waiting; paused: 0 | 1
+Returns: {now, waiting, delayed, active, completed, failed, canceled, paused, max_active,
+  heads...}
+  paused: 0 | 1
+  heads...: the first waiting id of each priority band (at most STATS_BANDS bands, from the
+  highest priority): tasks join a band in the order they became ready, so its first one
+  waited longest. The caller reads their ready_at (a script reads only declared hashes).
 ]]
+local STATS_BANDS = 16
 local now = now_ms()
-local oldest = redis.call('ZRANGE', K_READY_SINCE, 0, 0, 'WITHSCORES')
-return {now, redis.call('ZCARD', K_WAITING), redis.call('ZCARD', K_DELAYED),
+local out = {now, redis.call('ZCARD', K_WAITING), redis.call('ZCARD', K_DELAYED),
   redis.call('ZCARD', K_ACTIVE), redis.call('ZCARD', K_COMPLETED), redis.call('ZCARD', K_FAILED),
-  redis.call('ZCARD', K_CANCELED), tonumber(oldest[2] or '-1'), meta_num('paused', DEFAULTS.paused),
+  redis.call('ZCARD', K_CANCELED), meta_num('paused', DEFAULTS.paused),
   meta_num('max_active', DEFAULTS.max_active)}
+local from = '-inf'
+for _ = 1, STATS_BANDS do
+  local head = redis.call('ZRANGE', K_WAITING, from, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+  if not head[1] then break end
+  out[#out + 1] = head[1]
+  -- The next band starts at the next multiple of PRIORITY_SPAN (sequence numbers start at 1).
+  from = string.format('%.0f', (math.floor(tonumber(head[2]) / PRIORITY_SPAN) + 1) * PRIORITY_SPAN)
+end
+return out

@@ -131,6 +131,7 @@ async def test_wait_raises_for_failed_and_unknown_tasks(queue):
 
 
 async def test_event_stream_records_the_lifecycle(queue):
+    await queue.want_events()  # events are written while somebody asked for them
     await queue.offer("x", None, task_id="e1")
     lease = await queue.acquire()
     await lease.progress(0.5)

@@ -1,0 +1,180 @@
+"""Less Redis work per task with the same guarantees (issue 15), and what the dashboard reads.
+
+Was: three event-stream writes per task with nobody reading, a `ready_since` sorted set
+kept only for the oldest-waiting age, 9 commands per offered task and 18 per leased and
+completed one (INFO commandstats of a drain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime, timezone
+
+import effectmq
+from effectmq.errors import TaskError
+from tests.support.inprocess import make_worker, running
+
+
+def calls(client, command: str | None = None) -> int:
+    """Commands Redis ran (inside scripts too): all of them, or of one command."""
+    stats = client.info("commandstats")
+    if command:
+        return stats.get(f"cmdstat_{command}", {}).get("calls", 0)
+    return sum(v["calls"] for k, v in stats.items() if k not in ("cmdstat_info",))
+
+
+async def drain(queue, count: int, handler=None) -> None:
+    seen = 0
+    done = asyncio.Event()
+
+    async def job(payload):
+        nonlocal seen
+        seen += 1
+        if seen == count:
+            done.set()
+        if handler:
+            return await handler(payload)
+
+    async with running(make_worker(queue, {"job": job}, concurrency=10)):
+        await asyncio.wait_for(done.wait(), 30)
+        while True:
+            stats = await queue.stats()
+            if stats.waiting == stats.active == stats.delayed == 0:
+                return
+            await asyncio.sleep(0.01)
+
+
+async def test_nobody_reading_events_means_no_stream_writes(make_redis):
+    server = make_redis()
+    admin = server.client()
+    q = effectmq.TaskQueue("quiet-events", url=server.url)
+    try:
+        before = calls(admin, "xadd")
+        await q.offer_many([("job", i) for i in range(200)])
+        await drain(q, 200)
+        assert calls(admin, "xadd") - before == 0  # was 3 per task: created, active, completed
+        assert admin.xlen(q.keys.key("events")) == 0
+    finally:
+        await q.close()
+
+
+async def test_a_reader_gets_every_event_while_it_reads(make_redis):
+    server = make_redis()
+    q = effectmq.TaskQueue("read-events", url=server.url)
+    seen: list[tuple[str, str]] = []
+
+    async def follow():
+        async for event in q.events(since="$", block=0.1):
+            seen.append((event["event"], event["id"]))
+
+    try:
+        reader = asyncio.create_task(follow())
+        while not await q.redis.hget(q.keys.key("meta"), "events_until"):  # the reader asked
+            await asyncio.sleep(0.01)
+        await q.offer("job", 1, task_id="followed")
+        await drain(q, 1)
+        deadline = time.monotonic() + 5
+        while ("completed", "followed") not in seen and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        reader.cancel()
+        assert seen == [("created", "followed"), ("active", "followed"), ("completed", "followed")]
+        history = await q.task_events("followed")
+        assert [e["event"] for e in history] == ["created", "active", "completed"]
+        assert all(int(e["at"]) > 0 for e in history)
+    finally:
+        await q.close()
+
+
+async def test_events_always_writes_them_without_a_reader(make_queue):
+    q = make_queue("always-events")
+    await q.configure(events_always=True)
+    assert (await q.settings())["events_always"] is True
+    await q.offer("job", 1, task_id="audited")
+    assert [e["event"] for e in await q.task_events("audited")] == ["created"]
+
+
+async def test_offers_and_a_drain_cost_a_fraction_of_the_commands(make_redis):
+    server = make_redis()
+    admin = server.client()
+    q = effectmq.TaskQueue("lean", url=server.url, retention_completed=0)
+    try:
+        before = calls(admin)
+        await q.offer_many([("job", i) for i in range(500)])
+        per_offer = (calls(admin) - before) / 500
+        assert per_offer <= 3, per_offer  # was 9
+        before = calls(admin)
+        await drain(q, 500)
+        per_task = (calls(admin) - before) / 500
+        assert per_task <= 9, per_task  # was 18
+    finally:
+        await q.close()
+
+
+async def test_oldest_waiting_age_comes_from_the_head_of_each_priority_band(make_queue):
+    q = make_queue("ages")
+    await q.offer("job", 1, task_id="old-low", priority=-5)
+    await asyncio.sleep(0.3)
+    await q.offer("job", 2, task_id="new-high", priority=5)
+    await q.offer("job", 3, task_id="new-normal")
+    stats = await q.stats()
+    assert stats.waiting == 3
+    assert 0.3 <= stats.oldest_waiting_seconds < 5  # old-low, though it is last in line
+    lease = await q.acquire()
+    assert lease.task_id == "new-high"
+    await lease.complete()
+    assert (await q.stats()).oldest_waiting_seconds >= 0.3
+    for _ in range(2):
+        lease = await q.acquire()
+        await lease.complete()
+    assert (await q.stats()).oldest_waiting_seconds == 0.0
+
+
+class Flaky(TaskError):
+    """Raised by the test handler."""
+
+
+async def test_every_attempt_that_did_not_succeed_is_kept_on_the_task(make_queue):
+    q = make_queue("history", retry=effectmq.Fixed(0), max_retries=5)
+    await q.offer("job", 1, task_id="twice")
+    attempts = 0
+
+    async def handler(_payload):
+        nonlocal attempts
+        attempts += 1
+        if attempts <= 2:
+            raise Flaky(f"try {attempts}")
+        return "ok"
+
+    await drain(q, 3, handler)
+    info = await q.get("twice")
+    assert info.state == "completed" and info.attempt == 3
+    assert [(a.attempt, a.outcome, a.error.tag, a.error.message) for a in info.attempts] == \
+        [(1, "failed", "Flaky", "try 1"), (2, "failed", "Flaky", "try 2")]
+    assert all(a.finished_at is not None for a in info.attempts)
+    assert info.to_json()["attempts"][0]["error"]["tag"] == "Flaky"
+
+
+async def test_throughput_counts_settled_tasks_per_minute(make_queue):
+    q = make_queue("rates", max_retries=0)
+    await q.offer_many([("job", i) for i in range(7)])
+
+    async def handler(payload):
+        if payload < 2:
+            raise Flaky("no")
+
+    await drain(q, 7, handler)
+    points = await q.throughput(minutes=60)
+    assert len(points) == 60
+    assert points[-1].minute <= datetime.now(timezone.utc)
+    assert sum(p.completed for p in points) == 5 and sum(p.failed for p in points) == 2
+    assert [p.minute for p in points] == sorted(p.minute for p in points)
+
+
+async def test_a_queue_can_be_marked_sensitive(make_queue):
+    q = make_queue("secret-payloads")
+    assert (await q.settings())["sensitive"] is False
+    await q.configure(sensitive=True)
+    assert (await q.settings())["sensitive"] is True
+    await q.configure(sensitive=None)
+    assert (await q.settings())["sensitive"] is False
