@@ -127,15 +127,19 @@ if #named < peek then
       and redis.call('ZCOUNT', K_WAITING, '-inf', last_text) < window then
     from = '(' .. last_text
   end
-  local fresh = redis.call('ZRANGE', K_WAITING, from, '+inf', 'BYSCORE', 'LIMIT', 0, peek - #named, 'WITHSCORES')
+  local fresh = redis.call('ZRANGE', K_WAITING, from, '+inf', 'BYSCORE', 'LIMIT', 0, peek - #named)
   if #fresh == 0 and from ~= '-inf' then
-    fresh = redis.call('ZRANGE', K_WAITING, '-inf', '+inf', 'BYSCORE', 'LIMIT', 0, peek - #named, 'WITHSCORES')
+    fresh = redis.call('ZRANGE', K_WAITING, '-inf', '+inf', 'BYSCORE', 'LIMIT', 0, peek - #named)
   end
-  for i = 1, #fresh, 2 do
+  for i = 1, #fresh do
     if not listed[fresh[i]] then named[#named + 1] = fresh[i] end
   end
-  if #fresh > 0 then redis.call('SET', K_PEEKED, ARGV[3] .. ' ' .. fresh[#fresh]) end
+  if #fresh > 0 then
+    redis.call('SET', K_PEEKED, ARGV[3] .. ' ' .. redis.call('ZSCORE', K_WAITING, fresh[#fresh]))
+  end
 end
-out[6] = redis.call('ZRANGE', K_DELAYED, '-inf', now, 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[4]))
 out[3] = next_due()
+if out[3] >= 0 and out[3] <= now then  -- some delayed tasks are due: name them
+  out[6] = redis.call('ZRANGE', K_DELAYED, '-inf', now, 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[4]))
+end
 return out
