@@ -269,6 +269,7 @@ local function zrem_all(index, members)
   end
 end
 
+local now_text = nil
 -- Does anybody wait on some task? (Read once per call: nothing else adds waiters meanwhile.)
 local anybody_waits = nil
 
@@ -286,7 +287,8 @@ local function settle(id, key, state, index_key, retention_ms, now, extra, known
     forget(id, key, now, known)
     return
   end
-  local fields = {'state', state, 'finished_at', now, 'token', ''}
+  if now_text == nil then now_text = string.format('%d', now) end  -- Redis formats Lua numbers per call
+  local fields = {'state', state, 'finished_at', now_text, 'token', ''}
   for _, v in ipairs(extra or {}) do fields[#fields + 1] = v end
   redis.call('HSET', key, unpack(fields))
   if retention_ms < 0 then
