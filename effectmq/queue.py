@@ -442,13 +442,13 @@ class TaskQueue(OwnsConnection):
         end, seen = "+", 0
         with self._redis_errors:
             while seen < EVENTS_SCAN and len(found) < limit:
-                chunk = await self.redis.xrevrange(self.keys.key("events"), max=end, min="-", count=1000)
+                chunk: Any = await self.redis.xrevrange(self.keys.key("events"), max=end, min="-", count=1000)
                 if not chunk:
                     break
                 seen += len(chunk)
                 found.extend({"event_id": entry_id, **fields} for entry_id, fields in chunk
-                             if fields.get("id") == task_id)
-                end = "(" + chunk[-1][0]
+                             if fields and fields.get("id") == task_id)
+                end = "(" + str(chunk[-1][0])
         return list(reversed(found[:limit]))
 
     async def throughput(self, *, minutes: int = 60) -> list[ThroughputPoint]:
@@ -457,7 +457,7 @@ class TaskQueue(OwnsConnection):
         check_number("minutes", minutes, minimum=1, maximum=MINUTE_SLOTS, integer=True, allow_none=False)
         with self._redis_errors:
             now = await server_time_ms(self.redis, self.keys.base)
-            counts = await self.redis.hgetall(self.keys.key("minutes"))
+            counts: Any = await self.redis.hgetall(self.keys.key("minutes"))
         return models.throughput_points(counts, now // 60_000, minutes, MINUTE_SLOTS)
 
     async def worker_beat(self, name: str, in_flight: int, concurrency: int, ttl: float) -> None:
