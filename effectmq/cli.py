@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--batch", type=int, default=100)
     m.set_defaults(run=_simple("maintain"))
 
-    for extension in ("effectmq.scheduler.cli", "effectmq_operator.local.cli"):
+    for extension in ("effectmq.scheduler.cli", "effectmq.dashboard.cli", "effectmq_operator.local.cli"):
         try:
             module = importlib.import_module(extension)
         except ModuleNotFoundError as exc:

@@ -24,7 +24,7 @@ make_venv() {
         rm -rf "$dir"
         python3 -m venv "$dir"
         "$dir/bin/pip" install -q --upgrade pip setuptools >&2
-        "$dir/bin/pip" install -q ".[test,operator]" "$@" >&2
+        "$dir/bin/pip" install -q ".[test,operator,dashboard]" "$@" >&2
         touch "$dir/.complete"
     fi
     "$dir/bin/pip" install -q --no-deps --no-build-isolation -e . >&2

@@ -1,0 +1,38 @@
+"""Which queues a Redis holds: every queue has keys ``{<prefix>:<queue>}:...`` (keys.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..keys import QUEUE_NAME, QueueKeys
+
+# Keys every queue that was ever used has: "seq" (a task was enqueued) or "meta" (it
+# was configured). Matched by SCAN on the server, so only those keys travel.
+MARKERS = ("seq", "meta")
+SCAN_COUNT = 1000
+
+
+def queue_name_of(key: str, prefix: str) -> str | None:
+    """The queue a key belongs to, or None. A queue name holds no "}", so the first one
+    ends the hash tag (a task id after it may hold anything)."""
+    head = "{" + prefix + ":"
+    if not key.startswith(head):
+        return None
+    name, brace, _ = key[len(head):].partition("}")
+    return name if brace and QUEUE_NAME.match(name) else None
+
+
+async def discover_queues(redis: Any, prefix: str = "emq") -> list[str]:
+    """Names of the queues found in this Redis (SCAN, so Redis is never blocked), sorted."""
+    found: set[str] = set()
+    pattern_base = QueueKeys(_glob_escape(prefix), "*").base
+    for marker in MARKERS:
+        async for key in redis.scan_iter(match=pattern_base + marker, count=SCAN_COUNT):
+            name = queue_name_of(key, prefix)
+            if name is not None:
+                found.add(name)
+    return sorted(found)
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

@@ -1,0 +1,247 @@
+"""What the dashboard shows, computed from engine records: pure functions, no I/O.
+
+Pages and the JSON API render the same dicts (`web` turns them into HTML or JSON),
+so what one shows the other shows, and the hiding rules of a sensitive queue live
+here once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..keys import INDEXES
+from ..models import QueueStats, TaskInfo, ThroughputPoint
+
+# What a sensitive queue's values are shown as (payload, result, progress, error data).
+HIDDEN = "hidden: the queue is marked sensitive"
+# Task fields that carry user values (hidden on a sensitive queue).
+VALUE_FIELDS = ("payload", "result", "progress")
+# Event fields shown; any other field an event carries (e.g. a progress value) is not.
+EVENT_FIELDS = ("event", "id", "at", "attempt", "was", "name", "kind", "retry_at", "stalled_attempt_count")
+DEFAULT_PAGE = 50
+MAX_PAGE = 500
+
+
+def iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def human_age(seconds: float) -> str:
+    """A short age for people: 0s, 42s, 3m 5s, 2h 7m, 3d 4h."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def failure_rate(points: Sequence[ThroughputPoint]) -> float | None:
+    """Failed for good over everything settled in these minutes; None when nothing settled."""
+    completed = sum(p.completed for p in points)
+    failed = sum(p.failed for p in points)
+    return None if completed + failed == 0 else failed / (completed + failed)
+
+
+def throughput_series(points: Sequence[ThroughputPoint]) -> dict:
+    """The chart's columns: epoch seconds, completed and failed per minute."""
+    return {"t": [int(p.minute.timestamp()) for p in points],
+            "completed": [p.completed for p in points], "failed": [p.failed for p in points]}
+
+
+def queue_summary(stats: QueueStats, settings: Mapping[str, Any], workers: Mapping[str, tuple[int, int]],
+                  points: Sequence[ThroughputPoint]) -> dict:
+    """One queue's line of the overview."""
+    rate = failure_rate(points)
+    return {
+        "name": stats.queue,
+        "counts": {state: getattr(stats, state) for state in INDEXES},
+        "oldest_waiting_seconds": round(stats.oldest_waiting_seconds, 3),
+        "oldest_waiting": human_age(stats.oldest_waiting_seconds) if stats.waiting else "-",
+        "paused": stats.paused,
+        "max_active": stats.max_active if stats.max_active > 0 else None,
+        "sensitive": bool(settings.get("sensitive")),
+        "workers": [{"name": name, "in_flight": in_flight, "concurrency": concurrency}
+                    for name, (in_flight, concurrency) in sorted(workers.items())],
+        "worker_count": len(workers),
+        "in_flight": sum(in_flight for in_flight, _ in workers.values()),
+        "concurrency": sum(concurrency for _, concurrency in workers.values()),
+        "throughput": throughput_series(points),
+        "completed_last_hour": sum(p.completed for p in points),
+        "failed_last_hour": sum(p.failed for p in points),
+        "failure_rate": None if rate is None else round(rate, 4),
+    }
+
+
+def _error(error: Any, sensitive: bool) -> dict | None:
+    if error is None:
+        return None
+    shown = error.to_json()
+    if sensitive and "data" in shown:
+        shown["data"] = HIDDEN
+    return shown
+
+
+def task_row(info: TaskInfo) -> dict:
+    """A task in a list: no values, so a list is the same for sensitive queues."""
+    return {
+        "task_id": info.task_id, "name": info.name, "state": info.state, "attempt": info.attempt,
+        "priority": info.priority, "handler_failure_count": info.handler_failure_count,
+        "stalled_attempt_count": info.stalled_attempt_count,
+        "error": {"tag": info.error.tag, "message": info.error.message} if info.error else None,
+        "created_at": iso(info.created_at), "finished_at": iso(info.finished_at),
+    }
+
+
+def task_detail(info: TaskInfo, *, sensitive: bool) -> dict:
+    """Everything known about one task; a sensitive queue's values are replaced by HIDDEN."""
+    shown = info.to_json()
+    shown["error"] = _error(info.error, sensitive)
+    shown["attempts"] = [{**a.to_json(), "error": _error(a.error, sensitive)} for a in info.attempts]
+    if sensitive:
+        for name in VALUE_FIELDS:
+            shown[name] = HIDDEN
+        if shown.get("corrupt"):  # a decoding problem may describe the value
+            shown["corrupt"] = "a stored value could not be decoded"
+    shown["attempt_rows"] = attempt_rows(shown)
+    shown["sensitive"] = sensitive
+    shown["can_retry"] = info.state in ("failed", "canceled")
+    # offered on a running task too: the engine refuses it, and the page says why
+    shown["show_retry"] = info.state in ("failed", "canceled", "active")
+    shown["can_cancel"] = info.state in ("waiting", "delayed", "active")
+    return shown
+
+
+def attempt_rows(task: Mapping[str, Any]) -> list[dict]:
+    """Every attempt, oldest first: the recorded ones (attempts that ended without
+    success) and the current or final one from the task itself, unless the records
+    already hold it (a task that failed for good records its last attempt too)."""
+    rows = [{**a, "current": False} for a in task["attempts"]]
+    recorded = {a["attempt"] for a in rows}
+    if task["attempt"] > 0 and task["attempt"] not in recorded:
+        rows.append({"attempt": task["attempt"], "outcome": task["state"], "error": task["error"],
+                     "finished_at": task["finished_at"], "current": True})
+    elif rows:
+        rows[-1]["current"] = True
+    return rows
+
+
+def task_events(events: Iterable[Mapping[str, Any]]) -> list[dict]:
+    """Lifecycle events for display: known fields only (a progress event's value is left
+    out: progress is shown from the task record, where a sensitive queue hides it)."""
+    shown = []
+    for event in events:
+        fields = {k: event[k] for k in EVENT_FIELDS if k in event}
+        for name in ("at", "retry_at"):  # Redis time in ms; retry_at -1: no retry follows
+            if str(fields.get(name, "")).isdigit():
+                fields[name] = datetime.fromtimestamp(int(fields[name]) / 1000, tz=timezone.utc).isoformat()
+            elif name == "retry_at" and name in fields:
+                del fields[name]
+        shown.append(fields)
+    return shown
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a state list: which rows, and where the neighbours start."""
+
+    offset: int
+    limit: int
+    total: int
+
+    @property
+    def previous(self) -> int | None:
+        return max(0, self.offset - self.limit) if self.offset > 0 else None
+
+    @property
+    def next(self) -> int | None:
+        return self.offset + self.limit if self.offset + self.limit < self.total else None
+
+    @property
+    def first_shown(self) -> int:
+        return min(self.total, self.offset + 1)
+
+    @property
+    def last_shown(self) -> int:
+        return min(self.total, self.offset + self.limit)
+
+    def to_json(self) -> dict:
+        return {"offset": self.offset, "limit": self.limit, "total": self.total,
+                "previous": self.previous, "next": self.next}
+
+
+class BadRequest(ValueError):
+    """A query parameter outside what the dashboard accepts (HTTP 400)."""
+
+
+def parse_listing(query: Mapping[str, str]) -> tuple[str, int, int, str]:
+    """state, offset, limit and search of a state list's query string."""
+    state = query.get("state") or "waiting"
+    if state not in INDEXES:
+        raise BadRequest(f"unknown state {state!r}; known: {', '.join(INDEXES)}")
+    try:
+        offset = int(query.get("offset") or 0)
+        limit = int(query.get("limit") or DEFAULT_PAGE)
+    except ValueError:
+        raise BadRequest("offset and limit must be integers") from None
+    if offset < 0 or not 1 <= limit <= MAX_PAGE:
+        raise BadRequest(f"offset must be >= 0 and limit between 1 and {MAX_PAGE}")
+    return state, offset, limit, (query.get("search") or "").strip()
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What an action did: the HTTP status and a message for people."""
+
+    status: int
+    message: str
+    previous_state: str | None = None
+
+    def to_json(self) -> dict:
+        return {"ok": self.status == 200, "message": self.message, "previous_state": self.previous_state}
+
+
+def retry_result(task_id: str, previous_state: str | None) -> ActionResult:
+    """TaskQueue.retry's answer (the state the task was in) as the dashboard reports it:
+    only failed and canceled tasks go back to waiting; anything else was left alone."""
+    if previous_state is None:
+        return ActionResult(404, f"no task {task_id!r} in this queue")
+    if previous_state in ("failed", "canceled"):
+        return ActionResult(200, f"task {task_id!r} was {previous_state}, now waiting", previous_state)
+    if previous_state == "active":
+        return ActionResult(409, f"task {task_id!r} is running: only failed or canceled tasks can be retried "
+                                 "(cancel it first, or wait until it settles)", previous_state)
+    return ActionResult(409, f"task {task_id!r} is {previous_state}: only failed or canceled tasks can be "
+                             "retried", previous_state)
+
+
+def cancel_result(task_id: str, previous_state: str | None) -> ActionResult:
+    """TaskQueue.cancel's answer: only waiting, delayed and active tasks are canceled."""
+    if previous_state is None:
+        return ActionResult(404, f"no task {task_id!r} in this queue")
+    if previous_state in ("waiting", "delayed", "active"):
+        return ActionResult(200, f"task {task_id!r} was {previous_state}, now canceled", previous_state)
+    return ActionResult(409, f"task {task_id!r} already {previous_state}: only waiting, delayed or running "
+                             "tasks can be canceled", previous_state)
+
+
+def schedule_view(status: Any) -> dict:
+    """A schedule's line (a ScheduleStatus); its payload is not shown (it may be sensitive)."""
+    spec = status.spec
+    return {
+        "id": status.id,
+        "queue": spec.queue if spec else None,
+        "task": spec.task if spec else None,
+        "cron": spec.cron if spec else None,
+        "timezone": spec.timezone if spec else None,
+        "missed": spec.missed if spec else None,
+        "suspended": status.suspended,
+        "next_tick": iso(status.next_tick), "last_tick": iso(status.last_tick),
+        "last_task_id": status.last_task_id, "materialized": status.materialized,
+        "last_error": status.last_error, "last_error_at": iso(status.last_error_at),
+        "readable": spec is not None,
+    }

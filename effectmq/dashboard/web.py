@@ -1,0 +1,286 @@
+"""The dashboard's HTTP side: routes, pages (Jinja, autoescaped) and the JSON API.
+
+Every page has a JSON twin under /api with the same path (``/queues/{q}`` and
+``/api/queues/{q}``); the page's script polls that twin for live updates and posts
+actions to it. Handlers parse the request, call `DashboardService`, and render.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+from urllib.parse import quote
+
+import jinja2
+from aiohttp import web
+
+from ..errors import EffectMQError, InvalidOption, RedisUnavailable
+from ..keys import INDEXES
+from ..redaction import scrub, url_secrets
+from ..scheduler import InvalidSchedule
+from . import auth, views
+from .service import DashboardConfig, DashboardService, UnknownQueue
+
+log = logging.getLogger("effectmq.dashboard")
+
+HERE = Path(__file__).parent
+REDIS_UNREACHABLE = "Redis unreachable"
+POLL_MS = 2000  # how often a page asks its JSON twin for news
+SERVICE = web.AppKey("service", DashboardService)
+CONFIG = web.AppKey("config", DashboardConfig)
+TEMPLATES = web.AppKey("templates", jinja2.Environment)
+SECRETS = web.AppKey("secrets", tuple)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# No inline script or style, nothing from elsewhere, never framed.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",  # no-referrer would make form posts carry "Origin: null"
+}
+
+
+def _templates() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined)
+    env.filters["u"] = lambda value: quote(str(value), safe="")  # a name inside one path segment
+    env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    env.filters["age"] = views.human_age
+    env.filters["pct"] = lambda value: "-" if value is None else f"{value * 100:.1f}%"
+    env.filters["when"] = lambda value: (value or "-").replace("T", " ")[:19]
+    return env
+
+
+def _wants_json(request: web.Request) -> bool:
+    return request.path.startswith("/api/")
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    return web.json_response(value, status=status, dumps=lambda v: json.dumps(v, default=str))
+
+
+def _page(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
+    config = request.app[CONFIG]
+    signed_in = auth.signed_in(request.cookies, config.token)
+    body = request.app[TEMPLATES].get_template(template).render(
+        redis_url=request.app[SERVICE].shown_url,
+        actions=config.actions and bool(config.token),
+        signed_in=signed_in, can_act=config.actions and signed_in,
+        action_header=auth.ACTION_HEADER, poll_ms=POLL_MS, path=request.path_qs, states=INDEXES,
+        **context)
+    return web.Response(text=body, status=status, content_type="text/html")
+
+
+def _problem(request: web.Request, status: int, title: str, detail: str) -> web.Response:
+    if _wants_json(request):
+        return _json({"error": title, "detail": detail}, status)
+    return _page(request, "error.html", status, title=title, detail=detail)
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Known failures as a page or JSON answer people can read, never a traceback."""
+    try:
+        return await handler(request)
+    except RedisUnavailable as exc:
+        return _problem(request, 503, REDIS_UNREACHABLE, str(exc))
+    except UnknownQueue as exc:
+        return _problem(request, 404, "Unknown queue", str(exc))
+    except (views.BadRequest, InvalidOption, InvalidSchedule) as exc:
+        return _problem(request, 400, "Bad request", str(exc))
+    except EffectMQError as exc:
+        log.warning("dashboard request %s failed: %s", request.path, exc)
+        return _problem(request, 500, "Error", str(exc))
+    except web.HTTPException:
+        raise
+    except Exception:
+        log.exception("dashboard request %s failed", request.path)
+        return _problem(request, 500, "Internal error", "see the dashboard's log")
+
+
+@web.middleware
+async def safety(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Security headers on every answer; and, as a last line, no secret of the Redis URL
+    in any text the dashboard sends (messages are redacted where they are made)."""
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        response = exc
+    response.headers.update(SECURITY_HEADERS)
+    if not request.path.startswith("/static/"):
+        response.headers["Cache-Control"] = "no-store"
+    secrets = request.app[SECRETS]
+    if secrets and isinstance(response, web.Response) and response.text is not None:
+        text = response.text
+        cleaned = scrub(text, *secrets)
+        if cleaned != text:
+            response.text = cleaned
+    if isinstance(response, web.HTTPException):
+        raise response
+    return response
+
+
+# -- pages and their JSON twins --------------------------------------------------------
+
+async def overview(request: web.Request) -> web.Response:
+    queues = await request.app[SERVICE].overview()
+    if _wants_json(request):
+        return _json({"queues": queues})
+    return _page(request, "overview.html", queues=queues, api="/api/queues")
+
+
+async def queue_page(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    name = request.match_info["queue"]
+    state, offset, limit, search = views.parse_listing(request.query)
+    listing = await service.tasks(name, state, offset, limit, search)
+    page = listing.pop("_page")
+    listing["schedules"] = await service.schedules(queue=name)
+    if _wants_json(request):
+        return _json(listing)
+    api = f"/api/queues/{quote(name, safe='')}?{request.query_string}"
+    return _page(request, "queue.html", pager=page, api=api, **listing)
+
+
+async def tasks_api(request: web.Request) -> web.Response:
+    name = request.match_info["queue"]
+    listing = await request.app[SERVICE].tasks(name, *views.parse_listing(request.query))
+    listing.pop("_page")
+    return _json(listing)
+
+
+async def task_page(request: web.Request) -> web.Response:
+    name, task_id = request.match_info["queue"], request.match_info["task_id"]
+    detail = await request.app[SERVICE].task(name, task_id)
+    if detail is None:
+        return _problem(request, 404, "Unknown task", f"no task {task_id!r} in queue {name!r} "
+                                                      "(never offered, or its record expired)")
+    if _wants_json(request):
+        return _json(detail)
+    api = f"/api/queues/{quote(name, safe='')}/tasks/{quote(task_id, safe='')}"
+    return _page(request, "task.html", api=api, **detail)
+
+
+async def schedules_page(request: web.Request) -> web.Response:
+    schedules = await request.app[SERVICE].schedules()
+    if _wants_json(request):
+        return _json({"schedules": schedules})
+    return _page(request, "schedules.html", schedules=schedules, api="/api/schedules")
+
+
+# -- actions: POST to the API, each one engine operation -----------------------------
+
+def action(run: Callable[[DashboardService, web.Request], Awaitable[views.ActionResult]]) -> Handler:
+    async def handle(request: web.Request) -> web.Response:
+        config = request.app[CONFIG]
+        decision = auth.may_act(actions=config.actions, token=config.token, headers=request.headers,
+                                cookies=request.cookies, host=request.host)
+        if not decision.allowed:
+            return _json({"ok": False, "error": decision.reason, "message": decision.reason}, decision.status)
+        result = await run(request.app[SERVICE], request)
+        return _json(result.to_json(), result.status)
+    return handle
+
+
+def _q(request: web.Request) -> str:
+    return request.match_info["queue"]
+
+
+def _t(request: web.Request) -> str:
+    return request.match_info["task_id"]
+
+
+# -- signing in ------------------------------------------------------------------------
+
+def _local_path(target: str | None) -> str:
+    """Where to go after signing in: only a path of this dashboard (no open redirect)."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+async def login_form(request: web.Request) -> web.Response:
+    return _page(request, "login.html", next=_local_path(request.query.get("next")), failed=False)
+
+
+async def login(request: web.Request) -> web.Response:
+    config = request.app[CONFIG]
+    form = await request.post()
+    target = _local_path(str(form.get("next") or "/"))
+    if not (config.actions and config.token):
+        return _page(request, "login.html", 403, next=target, failed=True)
+    if not auth.same_origin(request.headers.get("Origin"), request.host) or \
+            not auth.token_matches(str(form.get("token") or ""), config.token):
+        return _page(request, "login.html", 401, next=target, failed=True)
+    response = web.HTTPSeeOther(target)
+    response.set_cookie(auth.SESSION_COOKIE, auth.session_value(config.token), httponly=True,
+                        samesite="Strict", path="/", max_age=auth.SESSION_MAX_AGE,
+                        secure=request.secure)
+    raise response
+
+
+async def logout(request: web.Request) -> web.Response:
+    response = web.HTTPSeeOther("/")
+    response.del_cookie(auth.SESSION_COOKIE, path="/")
+    raise response
+
+
+# -- probes ------------------------------------------------------------------------------
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    try:
+        await request.app[SERVICE].ping()
+    except RedisUnavailable:
+        return web.Response(text=REDIS_UNREACHABLE, status=503)
+    return web.Response(text="ok")
+
+
+def create_app(config: DashboardConfig) -> web.Application:
+    """The aiohttp application; Redis is connected when it starts."""
+    app = web.Application(middlewares=[safety, errors])
+    app[CONFIG] = config
+    app[TEMPLATES] = _templates()
+    app[SECRETS] = url_secrets(config.url) if config.url else ()
+    if config.token:
+        app[SECRETS] = (*app[SECRETS], config.token)
+    app[SERVICE] = DashboardService(config)
+
+    async def start(app: web.Application) -> None:
+        await app[SERVICE].start()
+
+    async def stop(app: web.Application) -> None:
+        await app[SERVICE].close()
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    r = app.router
+    r.add_get("/", overview)
+    for prefix in ("", "/api"):  # each page and its JSON twin
+        r.add_get(prefix + "/queues", overview)
+        r.add_get(prefix + "/queues/{queue}", queue_page)
+        r.add_get(prefix + "/queues/{queue}/tasks/{task_id}", task_page)
+        r.add_get(prefix + "/schedules", schedules_page)
+    r.add_get("/api/queues/{queue}/tasks", tasks_api)
+    r.add_post("/api/queues/{queue}/tasks/{task_id}/retry", action(lambda s, rq: s.retry(_q(rq), _t(rq))))
+    r.add_post("/api/queues/{queue}/tasks/{task_id}/cancel", action(lambda s, rq: s.cancel(_q(rq), _t(rq))))
+    r.add_post("/api/queues/{queue}/retry-all", action(lambda s, rq: s.retry_all(_q(rq))))
+    r.add_post("/api/queues/{queue}/pause", action(lambda s, rq: s.set_paused(_q(rq), True)))
+    r.add_post("/api/queues/{queue}/resume", action(lambda s, rq: s.set_paused(_q(rq), False)))
+    r.add_post("/api/schedules/{schedule_id}/suspend",
+               action(lambda s, rq: s.set_suspended(rq.match_info["schedule_id"], True)))
+    r.add_post("/api/schedules/{schedule_id}/resume",
+               action(lambda s, rq: s.set_suspended(rq.match_info["schedule_id"], False)))
+    r.add_get("/login", login_form)
+    r.add_post("/login", login)
+    r.add_post("/logout", logout)
+    r.add_get("/healthz", healthz)
+    r.add_get("/readyz", readyz)
+    r.add_static("/static", HERE / "static")
+    return app

@@ -1,0 +1,93 @@
+"""The dashboard against real Redis, below the browser: which queues it shows, that it
+keeps lifecycle events written, and that user data is escaped in pages and links."""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import quote
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+
+from effectmq import TaskQueue
+from effectmq.dashboard.discovery import discover_queues
+
+pytestmark = pytest.mark.timeout(60)
+
+NASTY_ID = '"><img src=x onerror=alert(1)>/../?a=1&b=<script>'
+
+
+async def test_discovery_finds_used_queues_only(redis_url):
+    async with TaskQueue("offered.to", url=redis_url) as a, TaskQueue("only/configured", url=redis_url) as b:
+        await a.offer("job", {})
+        await a.offer("job", {}, task_id="x}:seq")  # a task key that ends like a marker
+        await b.configure(max_active=3)
+    async with TaskQueue("never-used", url=redis_url):
+        pass
+    async with aioredis.Redis.from_url(redis_url, decode_responses=True) as client:
+        assert await discover_queues(client) == ["offered.to", "only/configured"]
+        assert await discover_queues(client, prefix="other") == []
+
+
+async def test_queues_given_limit_what_is_shown(redis_url, start_dashboard):
+    for name in ("shown", "hidden"):
+        async with TaskQueue(name, url=redis_url) as q:
+            await q.offer("job", {}, task_id="t1")
+    dash = await start_dashboard(redis_url, queues=("shown",))
+    async with aiohttp.ClientSession() as http:
+        async with http.get(dash.url("/api/queues")) as r:
+            assert [q["name"] for q in (await r.json())["queues"]] == ["shown"]
+        for path in ("/queues/hidden", "/api/queues/hidden/tasks/t1", "/queues/hidden/tasks/t1"):
+            async with http.get(dash.url(path)) as r:
+                assert r.status == 404, path
+    # without --queue, a queue created after the dashboard started shows up at once
+    dash_all = await start_dashboard(redis_url)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(dash_all.url("/api/queues")) as r:
+            assert [q["name"] for q in (await r.json())["queues"]] == ["hidden", "shown"]
+        async with TaskQueue("newer", url=redis_url) as q:
+            await q.offer("job", {}, task_id="n1")
+        async with http.get(dash_all.url("/queues/newer/tasks/n1")) as r:
+            assert r.status == 200
+
+
+async def test_the_dashboard_keeps_lifecycle_events_written(redis_url, start_dashboard):
+    async with TaskQueue("watched", url=redis_url) as q:
+        await q.offer("job", {}, task_id="before")
+        dash = await start_dashboard(redis_url)
+        for _ in range(50):  # its background loop registers interest for every queue it shows
+            if await q.redis.hget(q.keys.key("meta"), "events_until"):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the dashboard never called want_events()")
+        await q.offer("job", {}, task_id="after")
+    async with aiohttp.ClientSession() as http:
+        async with http.get(dash.url("/api/queues/watched/tasks/after")) as r:
+            assert [e["event"] for e in (await r.json())["events"]] == ["created"]
+
+
+async def test_names_and_ids_are_escaped_and_encoded(redis_url, start_dashboard, browser):
+    async with TaskQueue("q.a-b", url=redis_url) as q:
+        await q.offer("<b>name</b>", {"html": "<script>alert(2)</script>"}, task_id=NASTY_ID)
+        lease = await q.acquire()
+        await lease.fail(RuntimeError("<i>boom</i>"), retryable=False)
+    dash = await start_dashboard(redis_url)
+    page = await browser.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), asyncio.ensure_future(d.dismiss())))
+    await page.goto(dash.url("/queues/q.a-b?state=failed"))
+    link = page.locator("#tasks td.id a")
+    assert await link.text_content() == NASTY_ID
+    assert await link.get_attribute("href") == f"/queues/q.a-b/tasks/{quote(NASTY_ID, safe='')}"
+    await page.wait_for_timeout(2300)  # after a poll re-rendered the rows
+    assert await page.locator("#tasks td.id a").text_content() == NASTY_ID
+    await page.locator("#tasks td.id a").click()
+    await page.wait_for_selector("#error-message")
+    assert (await page.text_content("h1 .id")) == NASTY_ID
+    assert (await page.text_content("#error-message")).strip() == "RuntimeError: <i>boom</i>"
+    assert "<script>alert(2)</script>" in await page.text_content('pre[data-field="payload"]')
+    await page.wait_for_timeout(2300)
+    assert await page.locator("img, i, b, main script:not([type=\"application/json\"])").count() == 0
+    assert dialogs == []
