@@ -9,10 +9,11 @@
 #   EFFECTMQ_REDIS_FLOOR=1 bash tooling/test.sh tests/runtime/test_worker.py  # a part, against both
 set -euo pipefail
 # a real redis-server, libfaketime for the clock-skew tests, and the one-node
-# cluster's node side (tests/fixtures/cluster.py)
+# cluster's node side (tests/fixtures/cluster.py), and the browser of the dashboard tests
+# (tests/dashboard: Playwright drives Debian's chromium, never a downloaded one)
 EFFECTMQ_APT="redis-server=/usr/bin/redis-server libfaketime=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 \
 containerd=/usr/bin/containerd runc=/usr/sbin/runc containernetworking-plugins=/usr/lib/cni/bridge \
-iptables=/usr/sbin/iptables gcc=/usr/bin/gcc libc6-dev=/usr/lib/x86_64-linux-gnu/libc.a"
+iptables=/usr/sbin/iptables gcc=/usr/bin/gcc libc6-dev=/usr/lib/x86_64-linux-gnu/libc.a chromium=/usr/bin/chromium"
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 # The Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, kubectl, helm).
@@ -39,6 +40,15 @@ if [ -z "${EFFECTMQ_KSTATUS_BIN:-}" ]; then
     export EFFECTMQ_KSTATUS_BIN
 fi
 say "kstatus helper: $EFFECTMQ_KSTATUS_BIN"
+
+# The promql checker (Prometheus' PromQL parser and rule loader, Grafana's
+# dashboard model) for the chart's alerts and Grafana dashboard.
+if [ -z "${EFFECTMQ_PROMQL_BIN:-}" ]; then
+    command -v go >/dev/null 2>&1 || { say "go is needed to build the promql checker"; exit 1; }
+    EFFECTMQ_PROMQL_BIN="$(bash tooling/promql/build.sh | tail -n 1)"
+    export EFFECTMQ_PROMQL_BIN
+fi
+say "promql checker: $EFFECTMQ_PROMQL_BIN"
 
 # The oldest redis-py major that pyproject.toml allows; the Redis-facing tests run
 # against it too, in a second virtualenv (the main one has the newest redis-py).

@@ -218,6 +218,19 @@ def test_operator_image_imports_the_operator(buildah, containers):
     assert "usage" in run_ok(buildah, container, "effectmq-operator", "--help").lower()
 
 
+def test_operator_image_runs_the_charts_dashboard(buildah, containers):
+    """The chart runs `effectmq dashboard` from the operator image: its web stack
+    (the `dashboard` extra), templates and static files are in it."""
+    container, _ = containers["operator"]
+    probe = ("import importlib.resources as r, effectmq.dashboard.web; "
+             "d = r.files('effectmq.dashboard'); "
+             "print(sorted(p.name for p in d.joinpath('templates').iterdir() if p.name.endswith('.html'))[:1], "
+             "d.joinpath('static').is_dir())")
+    out = run_ok(buildah, container, "python", "-c", probe)
+    assert out.strip().endswith("True") and ".html" in out, out
+    assert "--token-file" in run_ok(buildah, container, "effectmq", "dashboard", "--help")
+
+
 def test_redis_image_serves_the_chart(buildah, containers):
     container, rootfs = containers["redis"]
     assert run_ok(buildah, container, "redis-server", "--version").startswith("Redis server v=")

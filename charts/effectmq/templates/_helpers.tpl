@@ -73,3 +73,25 @@ app.kubernetes.io/component: {{ .component }}
 {{- fail (printf "metrics.port and liveness.port must differ (both are %v)" .Values.metrics.port) }}
 {{- end }}
 {{- end }}
+
+{{- define "effectmq.dashboardName" -}}
+{{- printf "%s-dashboard" (include "effectmq.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The dashboard's EFFECTMQ_REDIS_URL: a Secret's key, a literal URL, or the bundled Redis. */}}
+{{- define "effectmq.dashboardRedisEnv" -}}
+{{- $redis := .Values.dashboard.redis -}}
+- name: EFFECTMQ_REDIS_URL
+{{- if $redis.existingSecret }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $redis.existingSecret | quote }}
+      key: {{ $redis.existingSecretKey | quote }}
+{{- else if $redis.url }}
+  value: {{ $redis.url | quote }}
+{{- else if .Values.redis.enabled }}
+  value: {{ printf "redis://%s.%s.svc:6379/0" (include "effectmq.redisName" .) .Release.Namespace | quote }}
+{{- else }}
+{{- fail "dashboard.enabled needs a Redis: set dashboard.redis.existingSecret (a Secret holding the URL), dashboard.redis.url, or redis.enabled" }}
+{{- end }}
+{{- end }}
