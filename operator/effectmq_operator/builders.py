@@ -181,6 +181,7 @@ def queue_settings(spec: QueueSpec) -> dict[str, Any]:
 
     return {
         "paused": spec.paused,
+        "sensitive": spec.sensitive,
         "max_active": spec.max_active,
         "max_stalled_count": spec.max_stalled_count,
         "lock_timeout": float(spec.lock_timeout),

@@ -20,6 +20,7 @@ QUEUE_DEFAULTS: dict[str, Any] = {
     "redis.tls.enabled": False,
     "redis.tls.insecureSkipVerify": False,
     "paused": False,
+    "sensitive": False,
     "maxActive": 0,
     "lockTimeoutSeconds": 30,
     "lockRefreshSeconds": 10,
@@ -100,6 +101,7 @@ class QueueSpec:
     worker: WorkerSpec | None
     scaling: ScalingSpec
     paused: bool = False
+    sensitive: bool = False
     max_active: int = 0
     lock_timeout: int = 30
     lock_refresh: int = 10
@@ -167,7 +169,8 @@ class QueueSpec:
             raise InvalidSpec("spec.lockRefreshSeconds must be less than spec.lockTimeoutSeconds")
         retention = s.section("retention")
         return cls(
-            redis=redis_spec, worker=worker, scaling=scaling, paused=scaling.paused, max_active=max_active,
+            redis=redis_spec, worker=worker, scaling=scaling, paused=scaling.paused, sensitive=s.bool("sensitive"),
+            max_active=max_active,
             lock_timeout=lock_timeout, lock_refresh=lock_refresh,
             max_retries=None if s.raw("maxRetries") is None else s.int("maxRetries"),
             max_stalled_count=s.int("maxStalledCount"), retry=s.section("retry").filled(),

@@ -67,6 +67,10 @@ def test_drain_timeout_leaves_a_margin(grace, drain):
     assert builders.drain_timeout(grace) == drain
 
 
+def bare_spec() -> dict:
+    return {"redis": {"url": "redis://r:6379/0"}}
+
+
 def test_queue_settings_from_the_spec():
     settings = builders.queue_settings(QueueSpec.parse(
         {**QUEUE["spec"], "retry": {"backoff": "Exponential", "initialDelaySeconds": 2}}))
@@ -74,6 +78,8 @@ def test_queue_settings_from_the_spec():
     assert isinstance(settings["retry"], effectmq.Exponential)
     bare = QueueSpec.parse({"redis": {"url": "redis://r:6379/0"}})
     assert builders.queue_settings(bare)["max_retries"] is None  # unset: the queue's default
+    assert builders.queue_settings(bare)["sensitive"] is False
+    assert builders.queue_settings(QueueSpec.parse({**bare_spec(), "sensitive": True}))["sensitive"] is True
 
 
 def test_user_env_overrides_an_operator_variable_in_place():

@@ -68,13 +68,13 @@ def test_queue_gets_its_worker_deployment_and_loses_it_on_delete(kube_control_pl
 
     # A spec change rolls out; queue-level settings reach Redis without a redeploy.
     plane.kubectl("patch", "queue", "emails", "-n", ns, "--type=merge", "-p",
-                  '{"spec": {"paused": true, "maxActive": 3, "worker": {"concurrency": 4}}}')
+                  '{"spec": {"paused": true, "maxActive": 3, "sensitive": true, "worker": {"concurrency": 4}}}')
     wait_for(lambda: {e["name"]: e.get("value") for e in get(plane, ns, "deployment", "emails-worker")["spec"]
                       ["template"]["spec"]["containers"][0]["env"]}["EFFECTMQ_CONCURRENCY"] == "4",
              what="concurrency rolled out")
     q = effectmq.SyncTaskQueue(f"{ns}/emails", url=redis_url)
-    wait_for(lambda: q.settings().get("paused") is True and q.settings().get("max_active") == 3,
-             what="settings in Redis")
+    wait_for(lambda: q.settings().get("paused") is True and q.settings().get("max_active") == 3
+             and q.settings().get("sensitive") is True, what="settings in Redis")
     q.close()
 
     plane.kubectl("delete", "queue", "emails", "-n", ns)
