@@ -3,23 +3,39 @@
 While one batch is on its way to Redis, completions that finish meanwhile wait
 for the next; an idle worker sends a lone completion at once, so batching adds
 no latency. Every lease's token is still checked on its own by the script.
+
+A worker also leases its next tasks in the same call (`along`): the slots the batch
+frees are filled by its reply, so a busy worker makes one call per batch, not two.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .engine import Lease, LeaseEngine
+
+
+class LeasesAlong(Protocol):
+    """What a worker takes along with its completions."""
+
+    lock_timeout: float | None
+
+    def wanted(self, completing: int) -> int:
+        """How many leases to ask for while `completing` attempts settle (0: none)."""
+
+    def start(self, leases: list["Lease"]) -> None:
+        """Run the leases the call gave."""
 
 MAX_BATCH = 256
 
 
 class CompletionBatcher:
-    def __init__(self, engine: "LeaseEngine"):
+    def __init__(self, engine: "LeaseEngine", along: "LeasesAlong | None" = None):
         self.engine = engine
+        self.along = along
         self._pending: list[tuple["Lease", str, asyncio.Future]] = []
         self._flusher: asyncio.Task | None = None
 
@@ -38,9 +54,15 @@ class CompletionBatcher:
             # Bounded by the batch's earliest lease: a hung connection must not hold every
             # later completion (the waiters resend, with the same tokens, while they may).
             left = max(0.01, min(lease.confirmed_until for lease, _, _ in batch) - time.monotonic())
+            settled = [(lease, result) for lease, result, _ in batch]
+            want = self.along.wanted(len(batch)) if self.along else 0
             try:
-                call = self.engine.complete_many([(lease, result) for lease, result, _ in batch])
-                codes = await asyncio.wait_for(call, left)
+                if want > 0:
+                    call = self.engine.complete_and_acquire(settled, want, lock_timeout=self.along.lock_timeout)
+                    codes, leases = await asyncio.wait_for(call, left)
+                    self.along.start(leases)
+                else:
+                    codes = await asyncio.wait_for(self.engine.complete_many(settled), left)
             except BaseException as exc:  # noqa: BLE001 - handed to every waiter
                 for _, _, future in batch:
                     if not future.done():

@@ -203,24 +203,45 @@ class LeaseEngine:
         async with self._acquiring:
             return await self._acquire_rounds(count, lt)
 
+    async def complete_and_acquire(self, settled: Sequence[tuple[Lease, str]], count: int, *,
+                                   lock_timeout: float | None = None) -> tuple[list[Outcome], list[Lease]]:
+        """Complete finished attempts (as complete_many) and lease up to `count` more, in
+        one call: a busy worker's steady state, one round trip and one script per batch.
+        A lost reply is as for both: the completions may be sent again, the leases are
+        lost (recovered as stalls when their lease runs out)."""
+        check_number("count", count, minimum=0, integer=True, allow_none=False)
+        lt = self.queue.lock_timeout if lock_timeout is None else lock_timeout
+        completions = [protocol.Completion(lease._wire_id, lease.token, result_json) for lease, result_json in settled]
+        async with self._acquiring:
+            self._largest = max(self._largest, count)
+            reply, leases = await self._acquire_once(min(count, MAX_ACQUIRE), lt, completions)
+        return list(reply.outcomes), leases
+
+    async def _acquire_once(self, want: int, lt: float,
+                            completions: Sequence[protocol.Completion] = ()) -> tuple[protocol.AcquireReply, list[Lease]]:
+        peek = self._peek()
+        # Some spare: the script leases the first still waiting, so ids another
+        # process took meanwhile cost no call.
+        candidates = self._ready[:want + (want + 1) // 2] + self._due if want else []
+        sent = time.monotonic()
+        reply = await self.scripts.run(protocol.AcquireArgs(
+            want, ms(lt), self.token_prefix, self.queue.promote_batch, window=ACQUIRE_WINDOW * peek, peek=peek,
+            candidates=candidates, retention_ms=retention_ms(self.queue.retention_completed),
+            completions=completions))
+        granted = reply.granted
+        leases = [Lease(self, fields, reply.deadline, sent + granted, granted, lt) for fields in reply.leases]
+        if reply.status is AcquireStatus.OK:  # paused or limited: the ids known stay known
+            self._ready, self._due = list(reply.ready), list(reply.due)
+        return reply, leases
+
     async def _acquire_rounds(self, count: int, lt: float) -> tuple[list[Lease], float | None]:
         self._largest = max(self._largest, count)
-        peek = self._peek()
         leases: list[Lease] = []
         for _ in range(ACQUIRE_ROUNDS):
-            want = count - len(leases)
-            # Some spare: the script leases the first still waiting, so ids another
-            # process took meanwhile cost no call.
-            candidates = self._ready[:want + (want + 1) // 2] + self._due
-            sent = time.monotonic()
-            reply = await self.scripts.run(protocol.AcquireArgs(
-                want, ms(lt), self.token_prefix, self.queue.promote_batch, window=ACQUIRE_WINDOW * peek, peek=peek,
-                candidates=candidates))
-            granted = reply.granted
-            leases += [Lease(self, fields, reply.deadline, sent + granted, granted, lt) for fields in reply.leases]
-            if reply.status is not AcquireStatus.OK:  # paused or limited: the ids known stay known
+            reply, got = await self._acquire_once(count - len(leases), lt)
+            leases += got
+            if reply.status is not AcquireStatus.OK:
                 break
-            self._ready, self._due = list(reply.ready), list(reply.due)
             if len(leases) >= count or not (self._ready or self._due):
                 break
         if len(leases) < count and reply.status is AcquireStatus.OK and (self._ready or self._due):

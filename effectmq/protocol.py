@@ -219,14 +219,15 @@ class AcquireReply:
     status: AcquireStatus
     ready: tuple[bytes, ...]  # waiting ids the next call may declare
     due: tuple[bytes, ...]  # delayed ids due now, for the next call to promote
+    outcomes: tuple[Outcome, ...]  # of the completions sent along, in order
     leases: list[RawFields]
 
     @classmethod
     def from_reply(cls, reply: list) -> "AcquireReply":
         status = reply[3].decode() if isinstance(reply[3], bytes) else reply[3]
-        leases = [decode_fields(LEASE_FIELDS, reply[i:i + LEASE_WIDTH]) for i in range(6, len(reply), LEASE_WIDTH)]
+        leases = [decode_fields(LEASE_FIELDS, reply[i:i + LEASE_WIDTH]) for i in range(7, len(reply), LEASE_WIDTH)]
         return cls(int(reply[0]), int(reply[1]), int(reply[2]), AcquireStatus(status), tuple(reply[4]),
-                   tuple(reply[5]), leases)
+                   tuple(reply[5]), tuple(Outcome(int(code)) for code in reply[6]), leases)
 
     @property
     def granted(self) -> float:
@@ -384,12 +385,15 @@ class AcquireArgs(ScriptArgs[AcquireReply]):
     window: int
     peek: int
     candidates: Sequence[str | bytes] = declared_keys()  # ids an earlier reply named
+    retention_ms: int = -1  # of the completions
+    completions: Sequence[Completion] = ()  # settled first, as by CompleteArgs
 
     def argv(self) -> list:
-        return [self.count, self.lock_timeout_ms, self.token_prefix, self.promote_batch, self.window, self.peek]
+        return [self.count, self.lock_timeout_ms, self.token_prefix, self.promote_batch, self.window, self.peek,
+                self.retention_ms, *_flat(self.completions)]
 
     def task_ids(self) -> Sequence[str | bytes]:
-        return self.candidates
+        return [*(completion.id for completion in self.completions), *self.candidates]
 
 
 @dataclass(frozen=True)

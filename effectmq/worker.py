@@ -89,6 +89,36 @@ def _handlers_from(source: App | Mapping[str, Any] | None) -> dict[str, TaskDef]
     return out
 
 
+
+class _TakeAlong:
+    """The leases a worker's completion batches ask for (acks.LeasesAlong): the slots
+    the batch frees, and any free already; none while the worker stops."""
+
+    def __init__(self, worker: "Worker"):
+        self.worker = worker
+
+    @property
+    def lock_timeout(self) -> float | None:
+        return self.worker.lock_timeout
+
+    def wanted(self, completing: int) -> int:
+        # The slots this batch frees (its attempts leave once their outcomes are read),
+        # and any free now; attempts of an earlier batch that have not left yet were
+        # replaced by that batch's leases.
+        w = self.worker
+        if w._stopping.is_set():
+            return 0
+        return completing + max(0, w.concurrency - len(w._attempts))
+
+    def start(self, leases: list[Lease]) -> None:
+        w = self.worker
+        for lease in leases:
+            if w._stopping.is_set():  # stopped while the call was out: hand them back
+                w._release_in_background(lease, "the worker is stopping")
+            else:
+                w._start(lease)
+        w._metrics.in_flight.set(len(w._attempts))
+
 class Worker:
     def __init__(self, queue_or_app: TaskQueue | App, handlers: App | Mapping[str, Any] | None = None, *,
                  concurrency: int = 10, lock_timeout: float | None = None, lock_refresh: float | None = None,
@@ -135,7 +165,7 @@ class Worker:
         self._slot_free = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="effectmq-handler")
         self._q = self.queue.name
-        self._completions = CompletionBatcher(self.queue.engine)
+        self._completions = CompletionBatcher(self.queue.engine, _TakeAlong(self))
         self._metrics = metrics.AttemptMetrics(self._q)
         self._ready_gauge = metrics.REDIS_READY.labels(self._q)
         self.ready = False  # the last Redis call worked: /readyz answers 200
@@ -462,21 +492,28 @@ class Worker:
     async def _announce_loop(self) -> None:
         """Tell the operator how busy this process is (it protects busy pods on scale-in).
         Separate from the heartbeat, so a slow announcement never delays a renewal."""
+        backoff = BACKOFF_FIRST
         try:
             while not self._closing.is_set():
-                await self._announce(len(self._attempts))
-                await asyncio.sleep(WORKER_BEAT_INTERVAL)
+                if await self._announce(len(self._attempts)):
+                    backoff = BACKOFF_FIRST
+                    await asyncio.sleep(WORKER_BEAT_INTERVAL)
+                else:  # soon again: after an outage the announcement may be about to expire
+                    await asyncio.sleep(min(backoff, WORKER_BEAT_INTERVAL))
+                    backoff = min(backoff * 2, WORKER_BEAT_INTERVAL)
         finally:
             await self._announce(-1)
 
-    async def _announce(self, in_flight: int) -> None:
+    async def _announce(self, in_flight: int) -> bool:
         try:
             beat = self.queue.worker_beat(self.name, in_flight, self.concurrency, ttl=3 * WORKER_BEAT_INTERVAL)
             await asyncio.wait_for(beat, WORKER_BEAT_INTERVAL)
+            return True
         except (RedisUnavailable, asyncio.TimeoutError) as exc:
             log.debug("announcement skipped: %s", exc)
         except Exception as exc:  # noqa: BLE001 - judged in one place
             self._loop_failed("announce", exc)
+        return False
 
     async def _heartbeat_once(self) -> None:
         now = time.monotonic()

@@ -1,8 +1,9 @@
---[[ acquire: lease up to `count` of the declared candidates that are ready, each under a
-new token, and name the ids the next call may declare.
+--[[ acquire: complete the caller's finished tasks (as complete.lua), then lease up to
+`count` of the declared candidates that are ready, each under a new token, and name the
+ids the next call may declare: a worker's steady state is one call per batch.
 KEYS: the queue keys of lib.lua, then candidates: the task hashes of ids an earlier reply
   named (ready or due), or a wake message, or the caller's own offers; a call with none
-  only names them.
+  only names them. Before the candidates: the task hash of each completion's id, in order.
 ARGV[1] count            how many tasks the caller can run now
 ARGV[2] lock_timeout_ms  lease length (the queue's meta lock_timeout_ms wins when set)
 ARGV[3] token_prefix     random per-process prefix; the token is prefix..":"..seq
@@ -10,28 +11,33 @@ ARGV[4] promote_batch    `due` names at most this many ids
 ARGV[5] window           a candidate is leased only while it is among the first `window`
   waiting tasks and in the head's priority band (never before a task of higher priority)
 ARGV[6] peek             how many waiting ids `ready` names
+ARGV[7] retention_ms     for completed records (meta retention_completed_ms wins; -1 = keep)
+ARGV[8...] completions...: 3 values each: id, token, result
+  result: JSON
 Candidates that are due delayed tasks are promoted first, and may be leased at once.
 Leases follow head order (priority, then FIFO): the first `count` candidates still
 waiting, so a caller that declares more than it needs still gets its count when
 other workers took some of them.
-Returns: {now, deadline, next_due, status, ready, due, leases...}
+Returns: {now, deadline, next_due, status, ready, due, outcomes, leases...}
   next_due: -1 = no delayed task
   status: "ok" | "paused" | "limited" (max_active reached)
   ready: at most `peek` waiting ids for this caller's next call: the candidates it did
   not need, then those after the ids the last other caller was named (so competing
   workers declare different ids), else from the head; due: delayed ids due now. Both
-  empty when status is not ok.
+  empty when status is not ok. outcomes: one per completion, as complete.lua's.
 leases...: 10 values each: id, token, attempt, name, payload, handler_failure_count,
   stalled_attempt_count, max_retries, options, priority
 ]]
 local now = now_ms()
+local retention = meta_num('retention_completed_ms', ARGV[7])
+local outcomes = complete_each(8, retention)
 local count = tonumber(ARGV[1])
 local window = tonumber(ARGV[5])
 local lock_timeout = meta_num('lock_timeout_ms', ARGV[2])
 local deadline = now + lock_timeout
 local out = {now, deadline, 0, 'ok'}
-out[5], out[6] = {}, {}
-local candidates = declared_ids()
+out[5], out[6], out[7] = {}, {}, outcomes
+local candidates = declared_ids((#ARGV - 7) / 3)
 -- Each waiting candidate's score (a due one promoted first).
 local scores = {}
 if #candidates > 0 then scores = redis.call('ZMSCORE', K_WAITING, unpack(candidates)) end
@@ -43,7 +49,7 @@ end
 if meta_num('paused', DEFAULTS.paused) == 1 then
   out[3] = next_due()
   out[4] = 'paused'
-  return out
+  return finish(out)
 end
 local max_active = meta_num('max_active', DEFAULTS.max_active)
 if max_active > 0 then
@@ -52,7 +58,7 @@ if max_active > 0 then
   if count <= 0 then
     out[3] = next_due()
     out[4] = 'limited'
-    return out
+    return finish(out)
   end
 end
 
@@ -144,4 +150,4 @@ out[3] = next_due()
 if out[3] >= 0 and out[3] <= now then  -- some delayed tasks are due: name them
   out[6] = redis.call('ZRANGE', K_DELAYED, '-inf', now, 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[4]))
 end
-return out
+return finish(out)

@@ -60,10 +60,10 @@ local TASK_PREFIX = BASE .. 't:'
 local DECLARED = {}  -- the declared task hashes
 for i = QUEUE_KEYS + 1, #KEYS do DECLARED[KEYS[i]] = true end
 
--- The ids of the declared task hashes, in KEYS order, each once.
-local function declared_ids()
+-- The ids of the declared task hashes, in KEYS order, each once (after the first `skip`).
+local function declared_ids(skip)
   local ids, seen = {}, {}
-  for i = QUEUE_KEYS + 1, #KEYS do
+  for i = QUEUE_KEYS + 1 + (skip or 0), #KEYS do
     if not seen[KEYS[i]] then
       seen[KEYS[i]] = true
       ids[#ids + 1] = string.sub(KEYS[i], #TASK_PREFIX + 1)
@@ -348,4 +348,30 @@ local function next_due()
   local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
   if first[2] then return tonumber(first[2]) end
   return -1
+end
+
+-- Settle owned tasks as completed: the records from ARGV[first] on, 3 values each (id,
+-- token, result JSON). Returns their outcomes (protocol.Outcome) and how many completed.
+local function complete_each(first, retention)
+  local now = now_ms()
+  local outcomes, done = {}, {}
+  for i = first, #ARGV, 3 do
+    local id, token = ARGV[i], ARGV[i + 1]
+    local key, st = owned(id, token, now)
+    if key then
+      done[#done + 1] = id
+      emit('completed', id)
+      settle(id, key, 'completed', K_COMPLETED, retention, now,
+        {'result', ARGV[i + 2], 'last_token', token, 'last_outcome', OUTCOME_COMPLETED},
+        {st[4], token, OUTCOME_COMPLETED, st[3]})
+      outcomes[#outcomes + 1] = OUTCOME_COMPLETED
+    else
+      outcomes[#outcomes + 1] = outcome_of(id, token)
+    end
+  end
+  if #done > 0 then
+    zrem_all(K_ACTIVE, done)
+    freed_slot()
+  end
+  return outcomes, #done
 end

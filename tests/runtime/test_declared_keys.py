@@ -121,6 +121,10 @@ async def test_every_engine_script_declares_the_keys_it_touches(redis_url):
                     assert (await settled(queue, task_id)).state == "completed", task_id
                 assert (await settled(queue, "broken")).state == "failed"
                 await queue.workers()
+            await queue.offer("work", "e", task_id="direct")  # completed by hand (a worker's go along with acquire)
+            lease = await queue.acquire()
+            assert lease is not None and lease.task_id == "direct"
+            await lease.complete("by hand")
             await queue.stats()
     finally:
         await queue.close()

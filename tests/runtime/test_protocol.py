@@ -134,7 +134,7 @@ def test_header_keys_match_the_task_ids(operation):
         assert header.keys.startswith(f"{key_fields[0]}: the task hashes of ids"), operation
     elif uses_ids:
         assert header.keys.startswith("the task hash of"), operation
-    touches_tasks = re.search(r"\b(task_key|owned|outcome_of|promote_if_due)\(", read(operation))
+    touches_tasks = re.search(r"\b(task_key|owned|outcome_of|promote_if_due|complete_each)\(", read(operation))
     assert bool(touches_tasks) == uses_ids, operation
 
 
@@ -249,9 +249,10 @@ def test_no_numeric_default_is_written_in_lua():
 
 def test_replies_parse_into_named_fields():
     lease = [b"t1", b"tok:1", 1, b"job", b"{}", b"0", b"0", b"-1", b"", b"0"]
-    reply = protocol.AcquireArgs(1, 1000, "p", 10, 32, 16).parse([1000, 2000, -1, b"limited", [b"t2"], [], *lease])
+    reply = protocol.AcquireArgs(1, 1000, "p", 10, 32, 16).parse([1000, 2000, -1, b"limited", [b"t2"], [], [1, 0],
+                                                                  *lease])
     assert (reply.status, reply.granted, reply.next_due_in) == (AcquireStatus.LIMITED, 1.0, None)
-    assert (reply.ready, reply.due) == ((b"t2",), ())
+    assert (reply.ready, reply.due, reply.outcomes) == ((b"t2",), (), (Outcome.COMPLETED, Outcome.LOST))
     assert reply.leases[0].values["token"] == "tok:1"
     assert protocol.MaintainArgs(1, 1, "", -1).parse([1, 2, 3, 4, 5, 1]) == protocol.MaintainReply(1, 2, 3, 4, 5, True)
     assert protocol.FailArgs("t", "k", "{}", -1, 3, -1).parse([3, 1, -1]).outcome is Outcome.FAILED
