@@ -1,14 +1,24 @@
 """One library's workload, run by `run.py` inside that library's virtualenv.
 
-    python -m bench.peers.scenario --adapter taskiq --url redis://127.0.0.1:PORT/0 --out result.json
+    python -m bench.peers.scenario --adapter taskiq --url redis://127.0.0.1:PORT/0 --workload noop --out result.json
 
-Throughput: flush Redis, prefill N no-op jobs, start the worker processes (the
+Run with cwd and PYTHONPATH = a folder that holds only `bench` (run.py makes it), so
+`effectmq` comes from the venv (this checkout, or a baseline commit), never from cwd.
+
+Throughput: flush Redis, prefill N jobs through the library's bulk way (Redis
+used_memory before and after gives memory per waiting task, INFO cpu the producer's
+Redis CPU per task), start the worker processes (the
 library's own entry point, one per slot, `concurrency` in flight each), wait until
 every job's handler ran and the queue reports nothing waiting or in progress (all
 acked), stop the workers. The handlers' probe records give the rate and prove that
 every job ran (duplicates and missing jobs are counted). INFO commandstats and
 INFO cpu deltas from just before the workers start until the queue is drained give
-Redis commands and Redis CPU per job.
+Redis commands and Redis CPU per job. Every handler runs the workload of
+work.py; for redis-rtt the handler's own round trip is measured alone afterwards
+(same pipeline, same width) so its Redis CPU can be left out of the library's.
+
+Producer (--producer): on an empty queue and no workers, N offers one at a time;
+rate, Redis commands and Redis CPU per offered task.
 
 Latency (offer -> handler start), with fresh workers on an empty queue: an idle
 queue (one offer at a time, each after the previous one started, plus a gap), then
@@ -33,11 +43,12 @@ import time
 import traceback
 from pathlib import Path
 
-from bench.peers import probe, resp
-from bench.peers.adapters.base import ROOT, Settings
+from bench.peers import probe, resp, work
+from bench.peers.adapters.base import BULK, Settings
 
 WARMUP_BASE = 10_000_000  # job numbers of the latency phases start here
 MS = 1e6  # ns per ms
+MEMORY_SETTLE_S = 3.5  # s: Redis frees the query buffer of a client idle for more than 2 whole seconds
 
 
 def percentile(sorted_values: list, p: float) -> float | None:
@@ -80,8 +91,8 @@ class Workers:
             log = self.logdir / f"{self.label}-w{slot}.log"
             self.logs.append(log)
             with open(log, "wb") as out:
-                self.procs.append(subprocess.Popen(
-                    self.adapter.worker_command(slot), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                self.procs.append(subprocess.Popen(  # cwd: run.py's bench-only folder (see the docstring)
+                    self.adapter.worker_command(slot), cwd=os.getcwd(), stdout=out, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, env=dict(self.env, BENCH_WORKER_ID=str(slot)),
                     start_new_session=True))
 
@@ -183,12 +194,31 @@ async def throughput(adapter, args, client: resp.Resp, env: dict, probedir: Path
     client.call("FLUSHALL")
     probe.clear(probedir)
     await adapter.setup()
-    t = time.monotonic()
+    # One unmeasured bulk call first: the producer's connections and scripts are ready, as
+    # in a producer that has been running; then an empty Redis again.
+    await adapter.prefill(range(WARMUP_BASE, WARMUP_BASE + BULK))
+    client.call("FLUSHALL")
+    await adapter.setup()
+    memory_before = await settled_memory(client) if args.memory else None
     snap = resp.snapshot(client)
+    t = time.monotonic()
     await adapter.prefill(range(args.jobs))
+    prefill_s = time.monotonic() - t
     prefill = resp.delta(snap, resp.snapshot(client))
-    out: dict = {"jobs": args.jobs, "prefill_s": time.monotonic() - t,
+    memory_after = await settled_memory(client) if args.memory else None
+    out: dict = {"workload": args.workload, "jobs": args.jobs, "prefill_s": prefill_s,
+                 "bulk": {"way": adapter.bulk_way, "batch": BULK, "tasks": args.jobs,
+                          "tasks_per_s": args.jobs / prefill_s,
+                          "redis_commands_per_task": sum(prefill["calls"].values()) / args.jobs,
+                          "redis_cpu_us_per_task": prefill["cpu"] * 1e6 / args.jobs,
+                          "redis_commands_top": dict(list(prefill["calls"].items())[:8])},
                  "prefill_commands_per_job": sum(prefill["calls"].values()) / args.jobs}
+    if memory_before and memory_after:
+        # without the clients' buffers (CLIENT LIST tot-mem): the figure the tables show
+        out["memory_bytes_per_waiting_task"] = (memory_after["data"] - memory_before["data"]) / args.jobs
+        out["used_memory_delta_per_waiting_task"] = \
+            (memory_after["used_memory"] - memory_before["used_memory"]) / args.jobs
+        out["memory"] = {"before": memory_before, "after": memory_after}
     workers = Workers(adapter, env, args.processes, logdir, "throughput")
     before = resp.snapshot(client)
     launched = time.monotonic_ns()
@@ -220,6 +250,11 @@ async def throughput(adapter, args, client: resp.Resp, env: dict, probedir: Path
     out.update(rates(records, launched))
     d = resp.delta(before, after)
     total = sum(d["calls"].values())
+    handler_commands = work.HANDLER_COMMANDS.get(args.workload, 0)
+    if handler_commands:  # every job's round trip reached Redis (duplicates included)
+        out["handler_round_trips"] = int(client.call("GET", work.COUNTER_KEY) or 0)
+        out["handler_commands_per_job"] = handler_commands * out["handler_round_trips"] / args.jobs
+        out["handler_alone"] = await handler_alone(client, args.jobs, args.processes * args.concurrency)
     out.update({
         "drained_after_last_handler_s": drained,
         "redis_commands_per_job": total / args.jobs,
@@ -229,11 +264,67 @@ async def throughput(adapter, args, client: resp.Resp, env: dict, probedir: Path
         "redis_commands_top": dict(list(d["calls"].items())[:12]),
         "evalsha_per_job": (d["calls"].get("evalsha", 0) + d["calls"].get("eval", 0)) / args.jobs,
     })
+    redis_us = out["redis_cpu_ms_per_job"] * 1000
+    out["redis_cpu_us_per_job"] = redis_us
+    out["queue_ceiling_jobs_per_s"] = 1e6 / redis_us if redis_us > 0 else None  # per Redis core
+    if handler_commands:
+        own_us = redis_us - out["handler_alone"]["redis_cpu_us_per_round_trip"] * out["handler_round_trips"] / args.jobs
+        out["redis_commands_per_job_excl_handler"] = out["redis_commands_per_job"] - out["handler_commands_per_job"]
+        out["redis_cpu_us_per_job_excl_handler"] = own_us
+        out["queue_ceiling_excl_handler_jobs_per_s"] = 1e6 / own_us if own_us > 0 else None
     if cpu_first is not None and args.jobs > cpu_first[0]:
         worker_ms = (cpu_end - cpu_first[1]) * 1000 / (args.jobs - cpu_first[0])
         out["worker_cpu_ms_per_job"] = worker_ms
         out["total_cpu_ms_per_job"] = worker_ms + out["redis_cpu_ms_per_job"]
     return out
+
+
+async def settled_memory(client: resp.Resp) -> dict[str, int]:
+    """used_memory once the producer's connections have been idle MEMORY_SETTLE_S: Redis
+    frees an idle client's query buffer (clientsCron), so before and after the prefill
+    the same idle connections weigh about the same and the delta is the tasks'."""
+    await asyncio.sleep(MEMORY_SETTLE_S)
+    return resp.used_memory(client)
+
+
+async def handler_alone(client: resp.Resp, jobs: int, width: int) -> dict:
+    """The redis-rtt handler's round trip without any queue: `width` concurrent callers
+    (the run's in-flight budget) through one client, as in a worker. Its Redis CPU per
+    round trip is what the library's figure leaves out in the excl-handler columns."""
+    from redis.asyncio import Redis  # every library's venv has redis-py
+
+    n = max(1000, min(jobs, 5000))
+    redis = Redis.from_url(os.environ["BENCH_URL"], max_connections=width)
+    try:
+        await redis.ping()
+        before = resp.snapshot(client)
+
+        async def caller(share: range) -> None:
+            for i in share:
+                await work.round_trip_async(i, redis)
+
+        await asyncio.gather(*(caller(range(k, n, width)) for k in range(width)))
+        d = resp.delta(before, resp.snapshot(client))
+    finally:
+        await redis.aclose()
+    return {"round_trips": n, "width": width, "redis_commands_per_round_trip": sum(d["calls"].values()) / n,
+            "redis_cpu_us_per_round_trip": d["cpu"] * 1e6 / n}
+
+
+async def producer(adapter, args, client: resp.Resp) -> dict:
+    """Offers one at a time (each after the previous returned) on an empty queue, no workers."""
+    client.call("FLUSHALL")
+    await adapter.setup()
+    n = args.producer_offers
+    await adapter.offer_serial(range(WARMUP_BASE, WARMUP_BASE + 20))  # connections and scripts loaded
+    before = resp.snapshot(client)
+    t = time.monotonic()
+    await adapter.offer_serial(range(n))
+    elapsed = time.monotonic() - t
+    d = resp.delta(before, resp.snapshot(client))
+    client.call("FLUSHALL")
+    return {"tasks": n, "tasks_per_s": n / elapsed, "redis_commands_per_task": sum(d["calls"].values()) / n,
+            "redis_cpu_us_per_task": d["cpu"] * 1e6 / n, "redis_commands_top": dict(list(d["calls"].items())[:8])}
 
 
 def summarize_latency(latencies_ns: list[int], offered: int, elapsed: float | None = None) -> dict:
@@ -367,6 +458,12 @@ async def latency(adapter, args, client: resp.Resp, env: dict, probedir: Path, l
     return out
 
 
+def _effectmq_origin() -> str | None:
+    """Where `import effectmq` resolved in this venv (the checkout or a baseline folder)."""
+    module = sys.modules.get("effectmq")
+    return str(Path(module.__file__).resolve().parents[1]) if module and module.__file__ else None
+
+
 def versions(adapter) -> dict:
     out = {}
     for dist in adapter.distributions:
@@ -378,12 +475,19 @@ def versions(adapter) -> dict:
 
 
 async def main() -> None:
+    # run.py stops a scenario with SIGTERM: exit through the finally blocks that stop the workers
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description="one library's workload (see run.py)")
     parser.add_argument("--adapter", required=True)
     parser.add_argument("--options", default="{}", help="the variant's settings (JSON)")
     parser.add_argument("--url", required=True)
     parser.add_argument("--queue", default="bench")
     parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--workload", choices=sorted(work.WORKLOADS), default="noop")
+    parser.add_argument("--cpu-loops", type=int, default=0, help="busy-loop iterations of cpu5ms (run.py calibrates)")
+    parser.add_argument("--producer", action="store_true", help="also measure offers one at a time")
+    parser.add_argument("--producer-offers", type=int, default=2000)
+    parser.add_argument("--memory", action="store_true", help="memory per waiting task (settles 2 x 3.5 s)")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=600.0, help="throughput phase limit (s)")
@@ -409,16 +513,22 @@ async def main() -> None:
     probedir = args.workdir / "probe"
     probedir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, BENCH_URL=args.url, BENCH_QUEUE=args.queue, BENCH_CONCURRENCY=str(args.concurrency),
-               BENCH_OPTIONS=args.options, BENCH_PROBE_DIR=str(probedir),
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+               BENCH_OPTIONS=args.options, BENCH_PROBE_DIR=str(probedir), BENCH_WORKLOAD=args.workload,
+               BENCH_CPU_LOOPS=str(args.cpu_loops))
     os.environ.update({k: env[k] for k in ("BENCH_URL", "BENCH_QUEUE", "BENCH_CONCURRENCY", "BENCH_OPTIONS",
-                                           "BENCH_PROBE_DIR")})
+                                           "BENCH_PROBE_DIR", "BENCH_WORKLOAD", "BENCH_CPU_LOOPS")})
     module = importlib.import_module(f"bench.peers.adapters.{args.adapter}")
     adapter = module.Adapter(Settings.from_env())
     result: dict = {"adapter": args.adapter, "versions": versions(adapter), "settings": adapter.options_summary(),
-                    "python": sys.version.split()[0], "processes": args.processes, "concurrency": args.concurrency}
+                    "python": sys.version.split()[0], "processes": args.processes, "concurrency": args.concurrency,
+                    "effectmq_from": _effectmq_origin()}
     client = resp.Resp(args.url)
     try:
+        if args.producer:
+            try:
+                result["producer"] = await producer(adapter, args, client)
+            except Exception as exc:
+                result["producer"] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
         try:
             result["throughput"] = await throughput(adapter, args, client, env, probedir, args.workdir)
         except Exception as exc:

@@ -13,7 +13,7 @@ import logging
 from arq.connections import RedisSettings, create_pool
 from arq.constants import in_progress_key_prefix
 
-from bench.peers import probe
+from bench.peers import work
 from bench.peers.adapters.base import Adapter as Base, Settings, bin_path, gather_chunked
 
 S = Settings.from_env()
@@ -21,7 +21,7 @@ POLL = S.options.get("poll_delay", 0.5)
 
 
 async def noop(ctx, i: int) -> None:
-    probe.hit(i)
+    await work.run_async(i, ctx["redis"])  # arq hands handlers its own client
 
 
 async def quiet(ctx) -> None:
@@ -40,6 +40,7 @@ class WorkerSettings:
 
 class Adapter(Base):
     distributions = ("arq", "redis", "hiredis")
+    bulk_way = "ArqRedis.enqueue_job in asyncio.gather (arq has no bulk call)"
 
     def __init__(self, settings: Settings):
         super().__init__(settings)

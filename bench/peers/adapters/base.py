@@ -3,11 +3,13 @@
 An adapter module `adapters/<lib>.py` runs inside that library's virtualenv (its
 requirements are `adapters/<lib>.txt`). At import it reads the run's settings
 from the environment (see `Settings`) and defines what the library's own worker
-entry point loads: a no-op handler that calls `probe.hit(i)` and returns nothing,
-plus the app/broker/settings object. It also defines `Adapter`, used by
-`scenario.py` to prefill, offer, start workers and check that all jobs were acked.
+entry point loads: a handler that calls `work.run_async(i)` (or `work.run_sync(i)`
+in sync workers), which records the start and does the run's workload, plus the
+app/broker/settings object. It also defines `Adapter`, used by `scenario.py` to
+prefill (the library's bulk way, `BULK` jobs per call), offer one at a time,
+start workers and check that all jobs were acked.
 
-Every job carries one number `i`; the handler records it and does nothing else.
+Every job carries one number `i`; the handler does the same work for every library.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
+BULK = int(os.environ.get("BENCH_BULK", "100"))  # jobs per bulk call (prefill = the producer's bulk path)
 
 
 @dataclass
@@ -46,6 +49,8 @@ class Adapter:
     distributions: tuple[str, ...] = ()
     #: what the report says about the settings used to make the comparison equal
     notes: str = ""
+    #: the library's documented way to offer many jobs (what `prefill` does, BULK per call)
+    bulk_way: str = ""
 
     def __init__(self, settings: Settings):
         self.s = settings
@@ -59,12 +64,18 @@ class Adapter:
         """Anything the queue needs before the first offer (on an empty Redis)."""
 
     async def prefill(self, numbers: range) -> None:
-        """Enqueue one job per number, as fast as the library allows (batched if it can)."""
+        """Enqueue one job per number through the library's bulk way, BULK jobs per call."""
         raise NotImplementedError
 
     async def offer(self, i: int) -> None:
         """Enqueue one job the way a producer would; returns when the library says it is queued."""
         raise NotImplementedError
+
+    async def offer_serial(self, numbers: range) -> None:
+        """One offer at a time, each after the previous one returned (sync libraries
+        override this to loop in one thread instead of one thread hop per offer)."""
+        for i in numbers:
+            await self.offer(i)
 
     async def drained(self) -> bool:
         """True when nothing is waiting or in progress (every job was acknowledged)."""
@@ -83,7 +94,7 @@ def bin_path(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
-async def gather_chunked(coros, chunk: int = 200) -> None:
+async def gather_chunked(coros, chunk: int = BULK) -> None:
     """Await coroutines in bounded concurrent chunks (for libraries without bulk enqueue)."""
     batch = []
     for coro in coros:

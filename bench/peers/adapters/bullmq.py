@@ -13,15 +13,15 @@ import sys
 
 from bullmq import Queue, Worker
 
-from bench.peers import probe
-from bench.peers.adapters.base import Adapter as Base, Settings
+from bench.peers import work
+from bench.peers.adapters.base import BULK, Adapter as Base, Settings
 
 S = Settings.from_env()
 JOB_OPTS = {"removeOnComplete": True, "removeOnFail": 1000}
 
 
 async def process(job, token):
-    probe.hit(job.data["i"])
+    await work.run_async(job.data["i"])
 
 
 async def run_worker() -> None:
@@ -37,6 +37,7 @@ async def run_worker() -> None:
 
 class Adapter(Base):
     distributions = ("bullmq", "redis", "hiredis")
+    bulk_way = "Queue.addBulk"
 
     def __init__(self, settings: Settings):
         super().__init__(settings)
@@ -47,8 +48,8 @@ class Adapter(Base):
 
     async def prefill(self, numbers: range) -> None:
         jobs = [{"name": "noop", "data": {"i": i}, "opts": JOB_OPTS} for i in numbers]
-        for start in range(0, len(jobs), 500):
-            await self.queue.addBulk(jobs[start:start + 500])
+        for start in range(0, len(jobs), BULK):
+            await self.queue.addBulk(jobs[start:start + BULK])
 
     async def offer(self, i: int) -> None:
         await self.queue.add("noop", {"i": i}, JOB_OPTS)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 
 import redis
-from celery import Celery
+from celery import Celery, group
 
-from bench.peers import probe
-from bench.peers.adapters.base import Adapter as Base, Settings, bin_path
+from bench.peers import work
+from bench.peers.adapters.base import BULK, Adapter as Base, Settings, bin_path
 
 S = Settings.from_env()
 PREFETCH = S.options.get("prefetch_multiplier", 4)
@@ -32,11 +32,12 @@ app.conf.update(
 
 @app.task(name="noop")
 def noop(i: int) -> None:
-    probe.hit(i)
+    work.run_sync(i)
 
 
 class Adapter(Base):
     distributions = ("celery", "kombu", "redis", "hiredis")
+    bulk_way = "group(noop.s(i) ...).apply_async()"
 
     def __init__(self, settings: Settings):
         super().__init__(settings)
@@ -48,9 +49,15 @@ class Adapter(Base):
                 "-Q", self.s.queue, "--without-gossip", "--without-mingle", "--without-heartbeat"]
 
     async def prefill(self, numbers: range) -> None:
-        with app.producer_or_acquire() as producer:
+        numbers = list(numbers)
+        for start in range(0, len(numbers), BULK):
+            group(noop.s(i) for i in numbers[start:start + BULK]).apply_async()
+
+    async def offer_serial(self, numbers: range) -> None:
+        def loop() -> None:
             for i in numbers:
-                noop.apply_async((i,), producer=producer)
+                noop.apply_async((i,))
+        await asyncio.to_thread(loop)
 
     async def offer(self, i: int) -> None:
         await asyncio.to_thread(noop.apply_async, (i,))

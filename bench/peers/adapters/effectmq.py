@@ -11,8 +11,8 @@ import sys
 
 import effectmq
 
-from bench.peers import probe
-from bench.peers.adapters.base import Adapter as Base, Settings
+from bench.peers import work
+from bench.peers.adapters.base import BULK, Adapter as Base, Settings
 
 S = Settings.from_env()
 app = effectmq.App(S.queue, url=S.url)
@@ -20,12 +20,13 @@ app = effectmq.App(S.queue, url=S.url)
 
 @app.task
 async def noop(payload):
-    probe.hit(payload["i"])
+    await work.run_async(payload["i"])
 
 
 class Adapter(Base):
     distributions = ("effectmq", "redis", "hiredis")
     notes = "retention_completed=0 (results off); leases, heartbeats, fencing, maintenance at defaults"
+    bulk_way = "TaskQueue.offer_many"
 
     def __init__(self, settings: Settings):
         super().__init__(settings)
@@ -46,7 +47,7 @@ class Adapter(Base):
         batch = []
         for i in numbers:
             batch.append(("noop", {"i": i}))
-            if len(batch) == 500:
+            if len(batch) == BULK:
                 await self.q.offer_many(batch)
                 batch = []
         if batch:

@@ -12,18 +12,19 @@ import asyncio
 from redis import Redis
 from rq import Queue
 
-from bench.peers import probe
-from bench.peers.adapters.base import Adapter as Base, Settings, bin_path
+from bench.peers import work
+from bench.peers.adapters.base import BULK, Adapter as Base, Settings, bin_path
 
 S = Settings.from_env()
 
 
 def noop(i: int) -> None:
-    probe.hit(i)
+    work.run_sync(i)
 
 
 class Adapter(Base):
     distributions = ("rq", "redis", "hiredis")
+    bulk_way = "Queue.enqueue_many in one pipeline"
 
     def __init__(self, settings: Settings):
         super().__init__(settings)
@@ -40,14 +41,20 @@ class Adapter(Base):
 
     async def prefill(self, numbers: range) -> None:
         numbers = list(numbers)
-        for start in range(0, len(numbers), 500):
+        for start in range(0, len(numbers), BULK):
             with self.redis.pipeline() as pipe:
-                jobs = [Queue.prepare_data(noop, (i,), result_ttl=0) for i in numbers[start:start + 500]]
+                jobs = [Queue.prepare_data(noop, (i,), result_ttl=0) for i in numbers[start:start + BULK]]
                 self.queue.enqueue_many(jobs, pipeline=pipe)
                 pipe.execute()
 
     async def offer(self, i: int) -> None:
         await asyncio.to_thread(self.queue.enqueue, noop, i, result_ttl=0)
+
+    async def offer_serial(self, numbers: range) -> None:
+        def loop() -> None:
+            for i in numbers:
+                self.queue.enqueue(noop, i, result_ttl=0)
+        await asyncio.to_thread(loop)
 
     async def drained(self) -> bool:
         return self.queue.count == 0 and self.queue.started_job_registry.count == 0

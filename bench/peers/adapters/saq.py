@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from saq import Queue
 
-from bench.peers import probe
+from bench.peers import work
 from bench.peers.adapters.base import Adapter as Base, Settings, bin_path, gather_chunked
 
 S = Settings.from_env()
@@ -17,7 +17,7 @@ queue = Queue.from_url(S.url, name=S.queue)
 
 
 async def noop(ctx, *, i: int) -> None:
-    probe.hit(i)
+    await work.run_async(i)
 
 
 settings = {"queue": queue, "functions": [noop], "concurrency": S.concurrency}
@@ -25,6 +25,7 @@ settings = {"queue": queue, "functions": [noop], "concurrency": S.concurrency}
 
 class Adapter(Base):
     distributions = ("saq", "redis", "hiredis")
+    bulk_way = "Queue.enqueue in asyncio.gather (saq 0.26 has no bulk enqueue)"
 
     def worker_command(self, slot: int) -> list[str]:
         return [bin_path("saq"), "bench.peers.adapters.saq.settings", "--workers", "1"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from redis.asyncio import Redis
 from taskiq_redis import RedisStreamBroker
 
-from bench.peers import probe
+from bench.peers import work
 from bench.peers.adapters.base import Adapter as Base, Settings, bin_path, gather_chunked
 
 S = Settings.from_env()
@@ -23,11 +23,12 @@ broker = RedisStreamBroker(S.url, queue_name=S.queue, consumer_id="0",
 
 @broker.task(task_name="noop")
 async def noop(i: int) -> None:
-    probe.hit(i)
+    await work.run_async(i)
 
 
 class Adapter(Base):
     distributions = ("taskiq", "taskiq-redis", "redis", "hiredis")
+    bulk_way = "task.kiq() in asyncio.gather (taskiq has no bulk call)"
 
     def __init__(self, settings: Settings):
         super().__init__(settings)
