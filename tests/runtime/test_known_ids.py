@@ -13,7 +13,7 @@ import asyncio
 import time
 
 import effectmq
-from tests.support.inprocess import make_worker, running
+from tests.support.inprocess import drain
 
 
 def publishes(client) -> int:
@@ -22,22 +22,6 @@ def publishes(client) -> int:
 
 def script_calls(client) -> int:
     return client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
-
-
-async def drain(queue, count: int) -> None:
-    done = asyncio.Event()
-    seen = 0
-
-    async def job(_payload):
-        nonlocal seen
-        seen += 1
-        if seen == count:
-            done.set()
-
-    async with running(make_worker(queue, {"job": job}, concurrency=20)):
-        await asyncio.wait_for(done.wait(), 30)
-        while (await queue.stats()).completed < count:
-            await asyncio.sleep(0.01)
 
 
 async def test_completions_nobody_waits_for_publish_nothing(make_redis):

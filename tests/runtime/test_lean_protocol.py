@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 import effectmq
 from effectmq.errors import TaskError
-from tests.support.inprocess import make_worker, running
+from tests.support.inprocess import drain
 
 
 def calls(client, command: str | None = None) -> int:
@@ -22,27 +22,6 @@ def calls(client, command: str | None = None) -> int:
     if command:
         return stats.get(f"cmdstat_{command}", {}).get("calls", 0)
     return sum(v["calls"] for k, v in stats.items() if k not in ("cmdstat_info",))
-
-
-async def drain(queue, count: int, handler=None) -> None:
-    seen = 0
-    done = asyncio.Event()
-
-    async def job(payload):
-        nonlocal seen
-        seen += 1
-        if seen == count:
-            done.set()
-        if handler:
-            return await handler(payload)
-
-    async with running(make_worker(queue, {"job": job}, concurrency=10)):
-        await asyncio.wait_for(done.wait(), 30)
-        while True:
-            stats = await queue.stats()
-            if stats.waiting == stats.active == stats.delayed == 0:
-                return
-            await asyncio.sleep(0.01)
 
 
 async def test_nobody_reading_events_means_no_stream_writes(make_redis):

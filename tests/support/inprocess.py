@@ -29,3 +29,26 @@ async def settled(queue, task_id, timeout=10.0):
     with contextlib.suppress(effectmq.TaskFailed):
         await queue.wait(task_id, timeout=timeout)
     return await queue.get(task_id)
+
+
+async def drain(queue, count: int, handler=None, *, concurrency: int = 20) -> None:
+    """Run a worker until `count` "job" tasks ran (through `handler`, if given) and none
+    is left waiting, delayed or active."""
+    seen = 0
+    done = asyncio.Event()
+
+    async def job(payload):
+        nonlocal seen
+        seen += 1
+        if seen == count:
+            done.set()
+        if handler:
+            return await handler(payload)
+
+    async with running(make_worker(queue, {"job": job}, concurrency=concurrency)):
+        await asyncio.wait_for(done.wait(), 30)
+        while True:
+            stats = await queue.stats()
+            if stats.waiting == stats.active == stats.delayed == 0:
+                return
+            await asyncio.sleep(0.01)
