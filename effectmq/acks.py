@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 class LeasesAlong(Protocol):
     """What a worker takes along with its completions."""
 
-    lock_timeout: float | None
+    @property
+    def lock_timeout(self) -> float | None:
+        """The lease length to ask for (None: the queue's)."""
 
     def wanted(self, completing: int) -> int:
         """How many leases to ask for while `completing` attempts settle (0: none)."""
@@ -55,12 +57,13 @@ class CompletionBatcher:
             # later completion (the waiters resend, with the same tokens, while they may).
             left = max(0.01, min(lease.confirmed_until for lease, _, _ in batch) - time.monotonic())
             settled = [(lease, result) for lease, result, _ in batch]
-            want = self.along.wanted(len(batch)) if self.along else 0
+            along = self.along
+            want = along.wanted(len(batch)) if along else 0
             try:
-                if want > 0:
-                    call = self.engine.complete_and_acquire(settled, want, lock_timeout=self.along.lock_timeout)
+                if along and want > 0:
+                    call = self.engine.complete_and_acquire(settled, want, lock_timeout=along.lock_timeout)
                     codes, leases = await asyncio.wait_for(call, left)
-                    self.along.start(leases)
+                    along.start(leases)
                 else:
                     codes = await asyncio.wait_for(self.engine.complete_many(settled), left)
             except BaseException as exc:  # noqa: BLE001 - handed to every waiter

@@ -170,5 +170,7 @@ async def test_api_calls_do_not_queue_behind_a_small_pool(kube_namespace, effect
     started = time.monotonic()
     await asyncio.gather(*[kube.list_resources("queues", [kube_namespace]) for _ in range(calls)])
     took = time.monotonic() - started
+    # 32 threads: 0.6 s; 8 threads would take 2.5 s, the default pool of 6 3.3 s. The
+    # margin is for a 2-core machine whose other test worker may be running a browser.
     eight_threads = calls * 0.1 / 8
-    assert took < eight_threads / 2, f"{calls} calls at 100 ms round trip took {took:.2f}s"
+    assert took < eight_threads * 0.8, f"{calls} calls at 100 ms round trip took {took:.2f}s"

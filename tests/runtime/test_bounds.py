@@ -48,7 +48,10 @@ async def test_offer_many_of_500k_tasks_never_blocks_redis(make_redis):
     assert len(offered) == n and all(o.created for o in offered) and stats.waiting == n
     slow = [(entry["duration"], entry["command"][:40]) for entry in admin.slowlog_get(128)]
     assert slow == [], f"calls over 100 ms: {slow}"
-    assert int(count) > 100 and float(worst) < 0.1, f"{count} PINGs, the slowest took {float(worst) * 1000:.0f} ms"
+    # No call over 100 ms (the slowlog, above); a PING may also wait for the CPU on a
+    # 2-core machine beside another test worker: 250 ms still tells a bounded chunk
+    # from the unbounded call (1,290 ms).
+    assert int(count) > 100 and float(worst) < 0.25, f"{count} PINGs, the slowest took {float(worst) * 1000:.0f} ms"
 
 
 async def test_stop_returns_within_the_drain_timeout_when_caught_mid_call(make_queue):
