@@ -89,7 +89,6 @@ def _handlers_from(source: App | Mapping[str, Any] | None) -> dict[str, TaskDef]
     return out
 
 
-
 class _TakeAlong:
     """The leases a worker's completion batches ask for (acks.LeasesAlong): the slots
     the batch frees, and any free already; none while the worker stops."""
@@ -111,13 +110,8 @@ class _TakeAlong:
         return completing + max(0, w.concurrency - len(w._attempts))
 
     def start(self, leases: list[Lease]) -> None:
-        w = self.worker
-        for lease in leases:
-            if w._stopping.is_set():  # stopped while the call was out: hand them back
-                w._release_in_background(lease, "the worker is stopping")
-            else:
-                w._start(lease)
-        w._metrics.in_flight.set(len(w._attempts))
+        self.worker._run_leases(leases)
+
 
 class Worker:
     def __init__(self, queue_or_app: TaskQueue | App, handlers: App | Mapping[str, Any] | None = None, *,
@@ -288,13 +282,8 @@ class Worker:
                 await self._until(self._stopping, backoff)
                 backoff = min(backoff * 2, BACKOFF_LIMIT)
                 continue
-            if self._stopping.is_set():  # stopped while the call was out: hand them back
-                for lease in leases:
-                    self._release_in_background(lease, "the worker is stopping")
+            if not self._run_leases(leases):
                 break
-            for lease in leases:
-                self._start(lease)
-            self._metrics.in_flight.set(len(self._attempts))
             if len(leases) < free:
                 sleep = self.idle_poll if next_due is None else min(self.idle_poll, next_due + 0.001)
                 await self._until_any(wake.event, self._stopping, timeout=sleep)
@@ -325,6 +314,18 @@ class Worker:
                 w.cancel()
 
     # -- attempts -------------------------------------------------------------
+
+    def _run_leases(self, leases: list[Lease]) -> bool:
+        """Start the attempts of leases a call gave; False (and the leases handed back)
+        when the worker stopped while the call was out."""
+        if self._stopping.is_set():
+            for lease in leases:
+                self._release_in_background(lease, "the worker is stopping")
+            return False
+        for lease in leases:
+            self._start(lease)
+        self._metrics.in_flight.set(len(self._attempts))
+        return True
 
     def _start(self, lease: Lease) -> None:
         if time.monotonic() >= lease.confirmed_until - heartbeat.safety_margin(lease.lock_timeout):

@@ -97,8 +97,7 @@ if #taking > 0 then
   redis.call('ZREM', K_WAITING, unpack(taking))
   local seq = redis.call('INCRBY', K_SEQ, #taking) - #taking  -- one sequence number per lease token
   local leased = {}  -- deadline, id pairs for the active index
-  -- Formatted once: Redis turns every Lua number argument into text.
-  local deadline_text, now_text = string.format('%d', deadline), string.format('%d', now)
+  local deadline_text = string.format('%d', deadline)  -- formatted once, as now_text()
   for i, id in ipairs(taking) do
     local key = task_key(id)
     local f = redis.call('HMGET', key, 'name', 'payload', 'handler_failure_count',
@@ -106,7 +105,7 @@ if #taking > 0 then
     if f[1] then  -- every record has a name; none: the record is gone
       local attempt = (tonumber(f[8]) or 0) + 1
       local token = ARGV[3] .. ':' .. (seq + i)
-      redis.call('HSET', key, 'state', 'active', 'token', token, 'lock_until', deadline_text, 'started_at', now_text,
+      redis.call('HSET', key, 'state', 'active', 'token', token, 'lock_until', deadline_text, 'started_at', now_text(),
         'attempt', attempt)
       leased[#leased + 1] = deadline_text
       leased[#leased + 1] = id

@@ -89,6 +89,13 @@ local function now_ms()
   return now_cache
 end
 
+local now_string = nil
+-- now_ms() as text, formatted once: Redis turns every Lua number argument into text.
+local function now_text()
+  if now_string == nil then now_string = string.format('%d', now_ms()) end
+  return now_string
+end
+
 -- The task hash of `id`, which the caller must have declared in KEYS.
 local function task_key(id)
   local key = TASK_PREFIX .. id
@@ -269,7 +276,6 @@ local function zrem_all(index, members)
   end
 end
 
-local now_text = nil
 -- Does anybody wait on some task? (Read once per call: nothing else adds waiters meanwhile.)
 local anybody_waits = nil
 
@@ -287,8 +293,7 @@ local function settle(id, key, state, index_key, retention_ms, now, extra, known
     forget(id, key, now, known)
     return
   end
-  if now_text == nil then now_text = string.format('%d', now) end  -- Redis formats Lua numbers per call
-  local fields = {'state', state, 'finished_at', now_text, 'token', ''}
+  local fields = {'state', state, 'finished_at', now_text(), 'token', ''}
   for _, v in ipairs(extra or {}) do fields[#fields + 1] = v end
   redis.call('HSET', key, unpack(fields))
   if retention_ms < 0 then
