@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 import effectmq
-from tests.operator.test_operator_queues import apply, condition, events, get, queue_manifest
+from tests.operator.test_operator_queues import (apply, condition, events, get, queue_manifest,
+                                                 seconds_to_scale_from_zero)
 from tests.support.operator import DeploymentWorker, wait_for
 
 pytestmark = pytest.mark.kube
@@ -215,13 +216,7 @@ def test_one_stalled_redis_does_not_delay_another_queue(kube_control_plane, kube
     stalled.proc.send_signal(signal.SIGSTOP)
     try:
         time.sleep(3)  # the stalled Redis' polls and tick passes are now hanging
-        q = effectmq.SyncTaskQueue(f"{ns}/healthy", url=redis_url)
-        q.offer_many([("send_email", {"to": "a@b.c"})] * 5)
-        offered = time.monotonic()
-        wait_for(lambda: get(plane, ns, "deployment", "healthy-worker")["spec"]["replicas"] == 1, timeout=15,
-                 interval=0.1, what="scale from zero")
-        took = time.monotonic() - offered
-        q.close()
+        took = seconds_to_scale_from_zero(plane, ns, "healthy", redis_url, tasks=5, timeout=15)
         assert took <= 2 + 2, f"scale-from-zero took {took:.1f}s with another Redis stalled"
         wait_for(lambda: ready(plane, ns, "queue", "slow")[0] == "False", timeout=40,
                  what="the stalled Redis reported")

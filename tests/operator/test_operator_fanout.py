@@ -14,11 +14,10 @@ import kubernetes
 import pytest
 import yaml
 
-import effectmq
 from effectmq_operator.connections import CONNECTIONS_PER_REDIS
 from effectmq_operator.kube import Kube
 from tests.fixtures.proxy import LatencyProxy, TcpProxy
-from tests.operator.test_operator_queues import apply, condition, get, queue_manifest
+from tests.operator.test_operator_queues import apply, condition, get, queue_manifest, seconds_to_scale_from_zero
 from tests.support.operator import wait_for
 
 pytestmark = pytest.mark.kube
@@ -85,13 +84,7 @@ def test_a_blackholed_redis_delays_no_other_queue(kube_control_plane, kube_names
                  timeout=120, interval=1, what="every Queue polled")  # the setup, not the bound under test
         proxy.cut(drop_existing=False)  # every byte to that Redis vanishes: polls hang until their deadline
         time.sleep(4)
-        q = effectmq.SyncTaskQueue(f"{ns}/healthy", url=redis_url)
-        q.offer_many([("send_email", {"to": "a@b.c"})] * 3)
-        offered = time.monotonic()
-        wait_for(lambda: get(plane, ns, "deployment", "healthy-worker")["spec"]["replicas"] == 1, timeout=20,
-                 interval=0.1, what="scale from zero")
-        took = time.monotonic() - offered
-        q.close()
+        took = seconds_to_scale_from_zero(plane, ns, "healthy", redis_url, tasks=3, timeout=20)
         assert took <= 1 + 2, f"scale-from-zero took {took:.1f}s while {len(stuck)} Queues' Redis was blackholed"
 
         def unreachable():

@@ -7,6 +7,7 @@ import asyncio
 import copy
 import json
 import signal
+import time
 
 import pytest
 import yaml
@@ -38,6 +39,20 @@ def apply(plane, namespace, manifest: str) -> None:
 def get(plane, namespace, kind, name):
     result = plane.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
     return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def seconds_to_scale_from_zero(plane, ns, name, redis_url, *, tasks, timeout):
+    """Offer `tasks` tasks to a Queue at zero replicas: the seconds until its Deployment
+    asks for one replica."""
+    q = effectmq.SyncTaskQueue(f"{ns}/{name}", url=redis_url)
+    try:
+        q.offer_many([("send_email", {"to": "a@b.c"})] * tasks)
+        offered = time.monotonic()
+        wait_for(lambda: get(plane, ns, "deployment", f"{name}-worker")["spec"]["replicas"] == 1, timeout=timeout,
+                 interval=0.1, what="scale from zero")
+        return time.monotonic() - offered
+    finally:
+        q.close()
 
 
 def condition(body, type_):
