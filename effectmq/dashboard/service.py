@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ..connection import RedisErrors, connect
 from ..errors import EffectMQError
 from ..keys import check_queue_name
-from ..queue import TaskQueue
+from ..queue import EVENTS_INTEREST, TaskQueue
 from ..scheduler import Scheduler
 from . import views
 from .discovery import discover_queues
@@ -24,7 +24,7 @@ from .discovery import discover_queues
 log = logging.getLogger("effectmq.dashboard")
 
 DISCOVERY_TTL = 10.0  # seconds a SCAN for queues is reused
-EVENTS_EVERY = 20.0  # want_events() registers interest for 60 s: ask well within it
+EVENTS_EVERY = EVENTS_INTEREST / 3  # want_events() registers interest for EVENTS_INTEREST: ask well within it
 SOCKET_TIMEOUT = 3.0  # a page waits at most this long for a Redis that stopped answering
 RETRY_ALL_LIMIT = 1000  # dead letters retried by one "retry all"
 
@@ -78,6 +78,8 @@ class DashboardService:
                 await asyncio.gather(*(self.queue(n).want_events() for n in names))
             except EffectMQError as exc:
                 log.warning("could not register interest in events: %s", exc)
+            except Exception:  # noqa: BLE001 - a bug here must not end the loop silently
+                log.exception("could not register interest in events")
             await asyncio.sleep(EVENTS_EVERY)
 
     # -- queues -----------------------------------------------------------------
