@@ -26,12 +26,17 @@ class LeasesAlong(Protocol):
         """The lease length to ask for (None: the queue's)."""
 
     def wanted(self, completing: int) -> int:
-        """How many leases to ask for while `completing` attempts settle (0: none)."""
+        """How many leases to ask for while `completing` attempts settle (0: none); the
+        free slots among them stay reserved until `returned`."""
+
+    def returned(self, reserved: int) -> None:
+        """The call that asked for `reserved` free slots is back (whatever happened)."""
 
     def start(self, leases: list["Lease"]) -> None:
         """Run the leases the call gave."""
 
 MAX_BATCH = 256
+JOIN_TURNS = 3  # a handler with no I/O reaches complete() in two turns of the loop
 
 
 class CompletionBatcher:
@@ -59,10 +64,14 @@ class CompletionBatcher:
             settled = [(lease, result) for lease, result, _ in batch]
             along = self.along
             want = along.wanted(len(batch)) if along else 0
+            leases: list["Lease"] = []
             try:
                 if along and want > 0:
                     call = self.engine.complete_and_acquire(settled, want, lock_timeout=along.lock_timeout)
-                    codes, leases = await asyncio.wait_for(call, left)
+                    try:
+                        codes, leases = await asyncio.wait_for(call, left)
+                    finally:
+                        along.returned(want - len(batch))
                     along.start(leases)
                 else:
                     codes = await asyncio.wait_for(self.engine.complete_many(settled), left)
@@ -76,3 +85,11 @@ class CompletionBatcher:
             for (_, _, future), code in zip(batch, codes):
                 if not future.done():
                     future.set_result(code)
+            # A few turns of the loop before the next batch, so that attempts just started
+            # which finish at once join it: else each call carries half the slots, and the
+            # other half rides the next one (twice the calls per task, for ever).
+            before = len(self._pending)
+            for _ in range(JOIN_TURNS if leases else 0):
+                if len(self._pending) - before >= len(leases):
+                    break
+                await asyncio.sleep(0)

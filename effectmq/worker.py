@@ -107,7 +107,14 @@ class _TakeAlong:
         w = self.worker
         if w._stopping.is_set():
             return 0
-        return completing + max(0, w.concurrency - len(w._attempts))
+        free = max(0, w._free_slots())  # negative while the slots a batch frees are refilled
+        w._asking += free
+        return completing + free
+
+    def returned(self, reserved: int) -> None:
+        self.worker._asking -= reserved
+        if reserved:
+            self.worker._slot_free.set()  # slots the reply did not fill are the loop's again
 
     def start(self, leases: list[Lease]) -> None:
         self.worker._run_leases(leases)
@@ -150,6 +157,7 @@ class Worker:
         self.install_signal_handlers = install_signal_handlers
         self.name = name or f"worker-{random.getrandbits(32):08x}"
         self._attempts: dict[str, _Attempt] = {}  # by lease token: two attempts of one task may meet here
+        self._asking = 0  # free slots a call now out asks leases for (the acquire loop's or a batch's)
         self._background: set[asyncio.Task] = set()
         self._fatal: BaseException | None = None
         self._last_warning: dict[tuple[str, str], float] = {}
@@ -267,26 +275,33 @@ class Worker:
     async def _acquire_loop(self, wake) -> None:
         backoff = BACKOFF_FIRST
         while not self._stopping.is_set():
-            free = self.concurrency - len(self._attempts)
+            free = self._free_slots()
             if free <= 0:
                 self._slot_free.clear()
                 await self._until(self._slot_free, self.idle_poll)
                 continue
             wake.event.clear()  # cleared before acquiring: a later offer sets it again
+            self._asking += free
             try:
                 leases, next_due = await self.queue.acquire_many(free, lock_timeout=self.lock_timeout)
                 backoff = BACKOFF_FIRST
                 self._set_ready(True)
             except Exception as exc:  # noqa: BLE001 - judged in one place
+                self._asking -= free
                 self._loop_failed("acquire", exc, backoff)
                 await self._until(self._stopping, backoff)
                 backoff = min(backoff * 2, BACKOFF_LIMIT)
                 continue
+            self._asking -= free
             if not self._run_leases(leases):
                 break
             if len(leases) < free:
                 sleep = self.idle_poll if next_due is None else min(self.idle_poll, next_due + 0.001)
                 await self._until_any(wake.event, self._stopping, timeout=sleep)
+
+    def _free_slots(self) -> int:
+        """Slots neither running an attempt nor asked for by a call now out."""
+        return self.concurrency - len(self._attempts) - self._asking
 
     async def _drain(self) -> None:
         if self._attempts:

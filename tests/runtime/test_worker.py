@@ -271,3 +271,59 @@ async def test_custom_retry_policy_on_the_handler(queue):
     assert delays_asked == [1, 2]
     info = await queue.get(offered.task_id)
     assert info.handler_failure_count == 2 and info.error.tag == "TaskError"
+
+
+async def test_a_worker_never_runs_more_than_its_concurrency(make_queue):
+    # A worker leases from two places: its acquire loop, and the leases its completion
+    # batches take along. Both counted the same free slots: while the loop's call was out,
+    # a batch asked for those slots too, and the worker ran 6 handlers at concurrency 4.
+    q = make_queue("slots")
+    gate, release_held, release_all = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    late_started = asyncio.Event()
+    calls, running_now, peak = 0, 0, 0
+    fast = q.acquire_many
+
+    async def acquire_many(count, **options):  # the loop's second call is slow
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            await gate.wait()
+        return await fast(count, **options)
+    q.acquire_many = acquire_many
+
+    async def job(payload):
+        nonlocal running_now, peak
+        running_now += 1
+        peak = max(peak, running_now)
+        if payload == "held":
+            await release_held.wait()
+        elif payload == "late":
+            late_started.set()
+            await release_all.wait()
+        running_now -= 1
+
+    await q.offer_many([("job", "quick"), ("job", "quick"), ("job", "held"), ("job", "held")])
+    async with running(make_worker(q, {"job": job}, concurrency=4)):
+      try:
+        async def second_call():  # the quick ones finished, their batch found nothing: the loop asks again
+            while calls < 2:
+                await asyncio.sleep(0.01)
+        await asyncio.wait_for(second_call(), 10)
+        await q.offer_many([("job", "late")] * 10)
+        release_held.set()  # their batch takes leases along while the loop's call is still out
+        await asyncio.wait_for(late_started.wait(), 10)
+        await asyncio.sleep(0.1)
+        gate.set()
+        await asyncio.sleep(0.3)
+        assert peak <= 4, f"{peak} handlers ran at once at concurrency 4"
+      finally:
+        release_all.set()
+      await asyncio.wait_for(drained_of(q), 10)
+
+
+async def drained_of(q):
+    while True:
+        stats = await q.stats()
+        if stats.waiting == stats.active == 0:
+            return
+        await asyncio.sleep(0.01)
