@@ -69,12 +69,14 @@ class CompletionBatcher:
                 if along and want > 0:
                     call = self.engine.complete_and_acquire(settled, want, lock_timeout=along.lock_timeout)
                     try:
-                        codes, leases = await asyncio.wait_for(call, left)
+                        async with asyncio.timeout(left):
+                            codes, leases = await call
                     finally:
                         along.returned(want - len(batch))
                     along.start(leases)
                 else:
-                    codes = await asyncio.wait_for(self.engine.complete_many(settled), left)
+                    async with asyncio.timeout(left):
+                        codes = await self.engine.complete_many(settled)
             except BaseException as exc:  # noqa: BLE001 - handed to every waiter
                 for _, _, future in batch:
                     if not future.done():

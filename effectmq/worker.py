@@ -317,7 +317,8 @@ class Worker:
     @staticmethod
     async def _until(event: asyncio.Event, timeout: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout)
+            async with asyncio.timeout(timeout):  # no task per wait, unlike wait_for
+                await event.wait()
 
     @staticmethod
     async def _until_any(*events: asyncio.Event, timeout: float) -> None:
@@ -467,7 +468,8 @@ class Worker:
         while True:
             try:  # a hung connection must not hold an acknowledgement past the lease
                 left = max(0.01, lease.confirmed_until - time.monotonic())
-                result = await asyncio.wait_for(call(*args, **kwargs), left)
+                async with asyncio.timeout(left):
+                    result = await call(*args, **kwargs)
                 if operation == "fail":
                     return "retry" if result else "failed"
                 return "completed" if operation == "complete" else "released"
@@ -550,7 +552,8 @@ class Worker:
         budget = max(0.01, min(a.lease.confirmed_until for a in due) - margin - now)
         # An error here is judged by _heartbeat_loop; renewal is tried again on the next
         # tick, until the safety window closes.
-        owned = await asyncio.wait_for(self.queue.engine.renew([a.lease for a in due]), budget)
+        async with asyncio.timeout(budget):
+            owned = await self.queue.engine.renew([a.lease for a in due])
         for attempt, ok in zip(due, owned):
             if ok:
                 attempt.next_renew = time.monotonic() + heartbeat.refresh_interval(
