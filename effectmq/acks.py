@@ -6,11 +6,17 @@ no latency. Every lease's token is still checked on its own by the script.
 
 A worker also leases its next tasks in the same call (`along`): the slots the batch
 frees are filled by its reply, so a busy worker makes one call per batch, not two.
+Before the next batch goes, the attempts that reply started may join it: those that
+finish within a few turns of the loop, and, while handlers are short (under
+JOIN_WAIT), every attempt in flight that finishes within twice their usual time and
+one round trip of a batch. Otherwise each call
+would carry a part of the slots for ever, and a call's fixed cost is most of its cost.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import TYPE_CHECKING, Protocol
 
@@ -25,6 +31,10 @@ class LeasesAlong(Protocol):
     def lock_timeout(self) -> float | None:
         """The lease length to ask for (None: the queue's)."""
 
+    @property
+    def in_flight(self) -> int:
+        """Attempts not yet settled (running, or waiting for their batch)."""
+
     def wanted(self, completing: int) -> int:
         """How many leases to ask for while `completing` attempts settle (0: none); the
         free slots among them stay reserved until `returned`."""
@@ -37,6 +47,7 @@ class LeasesAlong(Protocol):
 
 MAX_BATCH = 256
 JOIN_TURNS = 3  # a handler with no I/O reaches complete() in two turns of the loop
+JOIN_WAIT = 0.004  # seconds: handlers shorter than this are waited for, at most twice their time
 
 
 class CompletionBatcher:
@@ -45,12 +56,21 @@ class CompletionBatcher:
         self.along = along
         self._pending: list[tuple["Lease", str, asyncio.Future]] = []
         self._flusher: asyncio.Task | None = None
+        self._started: set[str] = set()  # tokens of the attempts the last reply started
+        self._started_at = 0.0
+        self._joined = asyncio.Event()  # one of them completed
+        self.handler_time = JOIN_WAIT  # a moving average of their time to completion
+        self.call_time = 0.0  # a moving average of a batch's round trip
 
     async def complete(self, lease: "Lease", result_json: str) -> int:
         """The Outcome the script gave this lease; raises RedisUnavailable or TimeoutError
         when the batch's outcome is unknown (safe to send again)."""
         future = asyncio.get_running_loop().create_future()
         self._pending.append((lease, result_json, future))
+        if lease.token in self._started:
+            self._started.discard(lease.token)
+            self.handler_time += (time.monotonic() - self._started_at - self.handler_time) / 8
+        self._joined.set()
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         return await future
@@ -68,11 +88,15 @@ class CompletionBatcher:
             try:
                 if along and want > 0:
                     call = self.engine.complete_and_acquire(settled, want, lock_timeout=along.lock_timeout)
+                    sent = time.monotonic()
                     try:
                         async with asyncio.timeout(left):
                             codes, leases = await call
                     finally:
                         along.returned(want - len(batch))
+                    self._started = {lease.token for lease in leases}
+                    self._started_at = time.monotonic()
+                    self.call_time += (self._started_at - sent - self.call_time) / 8
                     along.start(leases)
                 else:
                     async with asyncio.timeout(left):
@@ -87,11 +111,21 @@ class CompletionBatcher:
             for (_, _, future), code in zip(batch, codes):
                 if not future.done():
                     future.set_result(code)
-            # A few turns of the loop before the next batch, so that attempts just started
-            # which finish at once join it: else each call carries half the slots, and the
-            # other half rides the next one (twice the calls per task, for ever).
-            before = len(self._pending)
-            for _ in range(JOIN_TURNS if leases else 0):
-                if len(self._pending) - before >= len(leases):
-                    break
-                await asyncio.sleep(0)
+            if leases:
+                await self._join_started()
+
+    async def _join_started(self) -> None:
+        """Let the attempts the last reply started join the next batch (module docstring)."""
+        for _ in range(JOIN_TURNS):
+            if not self._started:
+                return
+            await asyncio.sleep(0)
+        if self.handler_time >= JOIN_WAIT or self.along is None:
+            return
+        # At most one more round trip's time: when Redis is busy, batches grow.
+        deadline = self._started_at + min(2 * self.handler_time, self.call_time)
+        while len(self._pending) < self.along.in_flight and (left := deadline - time.monotonic()) > 0:
+            self._joined.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._joined.wait()

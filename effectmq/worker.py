@@ -100,6 +100,10 @@ class _TakeAlong:
     def lock_timeout(self) -> float | None:
         return self.worker.lock_timeout
 
+    @property
+    def in_flight(self) -> int:
+        return len(self.worker._attempts)
+
     def wanted(self, completing: int) -> int:
         # The slots this batch frees (its attempts leave once their outcomes are read),
         # and any free now; attempts of an earlier batch that have not left yet were

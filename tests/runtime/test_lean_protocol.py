@@ -90,6 +90,29 @@ async def test_offers_and_a_drain_cost_a_fraction_of_the_commands(make_redis):
         await q.close()
 
 
+async def test_a_busy_worker_settles_its_slots_in_few_calls(make_redis):
+    # Calls carried a part of a worker's slots each, for ever: after one short reply the
+    # rest rode the next call. A call's fixed cost is most of its cost, so the number of
+    # script calls per task is Redis's work per task.
+    server = make_redis()
+    admin = server.client()
+    q = effectmq.TaskQueue("batches", url=server.url, retention_completed=0)
+    tasks = 2000
+
+    async def one_round_trip(payload):  # a short wait on I/O, as a handler's own Redis call
+        await asyncio.sleep(0.0002)
+
+    try:
+        await q.offer_many([("job", i) for i in range(tasks)])
+        before = calls(admin, "evalsha")
+        await drain(q, tasks, one_round_trip, concurrency=10)
+        per_task = (calls(admin, "evalsha") - before) / tasks
+        print(f"script calls per task {per_task:.3f}")
+        assert per_task <= 0.15, per_task
+    finally:
+        await q.close()
+
+
 async def test_oldest_waiting_age_comes_from_the_head_of_each_priority_band(make_queue):
     q = make_queue("ages")
     await q.offer("job", 1, task_id="old-low", priority=-5)
