@@ -89,6 +89,11 @@ def _handlers_from(source: App | Mapping[str, Any] | None) -> dict[str, TaskDef]
     return out
 
 
+def _tick_for(refresh: float) -> float:
+    """The heartbeat's tick for a renewal interval: a quarter of it, within 10 ms and 1 s."""
+    return max(0.01, min(refresh / 4, 1.0))
+
+
 class _TakeAlong:
     """The leases a worker's completion batches ask for (acks.LeasesAlong): the slots
     the batch frees, and any free already; none while the worker stops."""
@@ -167,7 +172,8 @@ class Worker:
         self._last_warning: dict[tuple[str, str], float] = {}
         self._stopping = asyncio.Event()
         self._closing = asyncio.Event()  # the drain is over: helper loops end
-        self._new_attempt = asyncio.Event()
+        self._new_attempt = asyncio.Event()  # set when a new lease needs a faster heartbeat tick
+        self._heartbeat_sleep = 0.0  # the heartbeat loop's current sleep (0: not asleep)
         self._slot_free = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="effectmq-handler")
         self._q = self.queue.name
@@ -364,7 +370,8 @@ class Worker:
         refresh = heartbeat.refresh_interval(lease.lock_timeout, self.lock_refresh)
         attempt = _Attempt(lease, definition, time.monotonic() + refresh)
         self._attempts[lease.token] = attempt
-        self._new_attempt.set()
+        if _tick_for(refresh) < self._heartbeat_sleep:  # the heartbeat must wake sooner
+            self._new_attempt.set()
         attempt.task = asyncio.create_task(self._run_attempt(attempt))
         label = lease.name if definition else UNKNOWN_TASK_LABEL
         self._metrics.started(label)
@@ -500,11 +507,13 @@ class Worker:
     def _heartbeat_tick(self) -> float:
         """A quarter of the shortest renewal interval in flight (the granted leases decide)."""
         leases = [a.lease.lock_timeout for a in self._attempts.values()] or [self.lock_timeout]
-        return max(0.01, min(heartbeat.refresh_interval(min(leases), self.lock_refresh) / 4, 1.0))
+        return _tick_for(heartbeat.refresh_interval(min(leases), self.lock_refresh))
 
     async def _heartbeat_loop(self) -> None:
         while not self._closing.is_set():
-            await self._until(self._new_attempt, self._heartbeat_tick())  # a new lease may need a faster tick
+            self._heartbeat_sleep = self._heartbeat_tick()
+            await self._until(self._new_attempt, self._heartbeat_sleep)  # a new lease may need a faster tick
+            self._heartbeat_sleep = 0.0  # awake: new leases are seen by this pass or the next
             self._new_attempt.clear()
             try:
                 await self._heartbeat_once()

@@ -136,6 +136,24 @@ async def test_heartbeat_keeps_a_long_task_owned(make_queue):
     assert info.state == "completed" and info.stalled_attempt_count == 0 and info.attempt == 1
 
 
+async def test_a_shorter_lease_than_the_workers_own_gets_its_renewals_in_time(make_queue):
+    # The heartbeat sleeps a quarter of the renewal interval of the leases in flight (up
+    # to 1 s) and wakes early only for a lease that needs a faster tick: here the queue's
+    # lock timeout drops to 0.4 s while the worker idles with its own 30 s.
+    q = make_queue("shorter", lock_timeout=30)
+
+    async def long(payload):
+        await asyncio.sleep(1.5)
+        return "done"
+
+    async with running(make_worker(q, {"long": long})):
+        await asyncio.sleep(0.3)  # the heartbeat is asleep for its 1 s tick
+        await q.configure(lock_timeout=0.4)
+        await q.offer("long", None, task_id="s")
+        info = await settled(q, "s")
+    assert info.state == "completed" and info.stalled_attempt_count == 0 and info.attempt == 1
+
+
 async def test_canceled_task_interrupts_its_handler(queue):
     entered, interrupted = asyncio.Event(), asyncio.Event()
 
