@@ -123,13 +123,14 @@ async def test_idle_worker_starts_new_task_without_polling_floor(queue):
     assert stamps["start"] - sent < 0.5  # generous bound: the idle poll is 30 s
 
 
+async def long(payload):
+    """Outlives a 0.4 s lease several times over: it needs its renewals."""
+    await asyncio.sleep(1.5)
+    return "done"
+
+
 async def test_heartbeat_keeps_a_long_task_owned(make_queue):
     q = make_queue("long", lock_timeout=0.4)
-
-    async def long(payload):
-        await asyncio.sleep(1.5)
-        return "done"
-
     async with running(make_worker(q, {"long": long})):
         await q.offer("long", None, task_id="l")
         info = await settled(q, "l")
@@ -141,11 +142,6 @@ async def test_a_shorter_lease_than_the_workers_own_gets_its_renewals_in_time(ma
     # to 1 s) and wakes early only for a lease that needs a faster tick: here the queue's
     # lock timeout drops to 0.4 s while the worker idles with its own 30 s.
     q = make_queue("shorter", lock_timeout=30)
-
-    async def long(payload):
-        await asyncio.sleep(1.5)
-        return "done"
-
     async with running(make_worker(q, {"long": long})):
         await asyncio.sleep(0.3)  # the heartbeat is asleep for its 1 s tick
         await q.configure(lock_timeout=0.4)
