@@ -428,7 +428,10 @@ async def test_chaos_seeded_faults_lose_nothing_and_accept_no_stale_ack(make_red
     keys = QueueKeys("emq", QUEUE)
     direct = effectmq.TaskQueue(QUEUE, url=server.url, lock_timeout=LOCK)
     producer = effectmq.TaskQueue(QUEUE, url=chaos.producer_proxy.url, lock_timeout=LOCK, socket_timeout=3.0)
-    await direct.configure(events_maxlen=1_000_000)  # keep every lifecycle event of the run
+    # Keep every lifecycle event of the run: the checker learns from them when an attempt
+    # that never reached its handler was acquired, and which fault explains it. Since
+    # events are written only while somebody reads them (issue 15), it must ask for them.
+    await direct.configure(events_maxlen=1_000_000, events_always=True)
     stop_watch = asyncio.Event()
     watcher = None
     probes: list[str] = []
