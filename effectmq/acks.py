@@ -9,8 +9,8 @@ frees are filled by its reply, so a busy worker makes one call per batch, not tw
 Before the next batch goes, the attempts that reply started may join it: those that
 finish within a few turns of the loop, and, while handlers are short (under
 JOIN_WAIT), every attempt in flight that finishes within twice their usual time and
-one round trip of a batch. Otherwise each call
-would carry a part of the slots for ever, and a call's fixed cost is most of its cost.
+one round trip of a batch. Otherwise each call would carry a part of the slots for
+ever, and a call's fixed cost is most of its cost.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class CompletionBatcher:
         self._flusher: asyncio.Task | None = None
         self._started: set[str] = set()  # tokens of the attempts the last reply started
         self._started_at = 0.0
-        self._joined = asyncio.Event()  # one of them completed
+        self._joined = asyncio.Event()  # a completion arrived
         self.handler_time = JOIN_WAIT  # a moving average of their time to completion
         self.call_time = 0.0  # a moving average of a batch's round trip
 

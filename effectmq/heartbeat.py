@@ -29,6 +29,12 @@ def refresh_interval(lock_timeout: float, lock_refresh: float | None) -> float:
     return max(0.01, min(wanted, limit))
 
 
+def tick(refresh: float) -> float:
+    """How often the heartbeat looks at leases renewed every `refresh`: a quarter of it,
+    within 10 ms and 1 s."""
+    return max(0.01, min(refresh / 4, 1.0))
+
+
 def decide(now: float, next_renew: float, confirmed_until: float, margin: float) -> Action:
     if now >= confirmed_until - margin:
         return Action.INTERRUPT

@@ -89,11 +89,6 @@ def _handlers_from(source: App | Mapping[str, Any] | None) -> dict[str, TaskDef]
     return out
 
 
-def _tick_for(refresh: float) -> float:
-    """The heartbeat's tick for a renewal interval: a quarter of it, within 10 ms and 1 s."""
-    return max(0.01, min(refresh / 4, 1.0))
-
-
 class _TakeAlong:
     """The leases a worker's completion batches ask for (acks.LeasesAlong): the slots
     the batch frees, and any free already; none while the worker stops."""
@@ -107,7 +102,7 @@ class _TakeAlong:
 
     @property
     def in_flight(self) -> int:
-        return len(self.worker._attempts)
+        return self.worker.in_flight
 
     def wanted(self, completing: int) -> int:
         # The slots this batch frees (its attempts leave once their outcomes are read),
@@ -370,7 +365,7 @@ class Worker:
         refresh = heartbeat.refresh_interval(lease.lock_timeout, self.lock_refresh)
         attempt = _Attempt(lease, definition, time.monotonic() + refresh)
         self._attempts[lease.token] = attempt
-        if _tick_for(refresh) < self._heartbeat_sleep:  # the heartbeat must wake sooner
+        if heartbeat.tick(refresh) < self._heartbeat_sleep:  # the heartbeat must wake sooner
             self._new_attempt.set()
         attempt.task = asyncio.create_task(self._run_attempt(attempt))
         label = lease.name if definition else UNKNOWN_TASK_LABEL
@@ -507,7 +502,7 @@ class Worker:
     def _heartbeat_tick(self) -> float:
         """A quarter of the shortest renewal interval in flight (the granted leases decide)."""
         leases = [a.lease.lock_timeout for a in self._attempts.values()] or [self.lock_timeout]
-        return _tick_for(heartbeat.refresh_interval(min(leases), self.lock_refresh))
+        return heartbeat.tick(heartbeat.refresh_interval(min(leases), self.lock_refresh))
 
     async def _heartbeat_loop(self) -> None:
         while not self._closing.is_set():
