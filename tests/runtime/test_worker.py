@@ -6,7 +6,7 @@ import time
 import pytest
 
 import effectmq
-from tests.support.inprocess import make_worker, running, settled
+from tests.support.inprocess import make_worker, running, settled, until_drained
 
 
 async def test_async_and_sync_handlers_with_context(queue):
@@ -316,28 +316,21 @@ async def test_a_worker_never_runs_more_than_its_concurrency(make_queue):
             await release_all.wait()
         running_now -= 1
 
+    async def second_call():  # the quick ones finished, their batch found nothing: the loop asks again
+        while calls < 2:
+            await asyncio.sleep(0.01)
+
     await q.offer_many([("job", "quick"), ("job", "quick"), ("job", "held"), ("job", "held")])
     async with running(make_worker(q, {"job": job}, concurrency=4)):
-      try:
-        async def second_call():  # the quick ones finished, their batch found nothing: the loop asks again
-            while calls < 2:
-                await asyncio.sleep(0.01)
-        await asyncio.wait_for(second_call(), 10)
-        await q.offer_many([("job", "late")] * 10)
-        release_held.set()  # their batch takes leases along while the loop's call is still out
-        await asyncio.wait_for(late_started.wait(), 10)
-        await asyncio.sleep(0.1)
-        gate.set()
-        await asyncio.sleep(0.3)
-        assert peak <= 4, f"{peak} handlers ran at once at concurrency 4"
-      finally:
-        release_all.set()
-      await asyncio.wait_for(drained_of(q), 10)
-
-
-async def drained_of(q):
-    while True:
-        stats = await q.stats()
-        if stats.waiting == stats.active == 0:
-            return
-        await asyncio.sleep(0.01)
+        try:
+            await asyncio.wait_for(second_call(), 10)
+            await q.offer_many([("job", "late")] * 10)
+            release_held.set()  # their batch takes leases along while the loop's call is still out
+            await asyncio.wait_for(late_started.wait(), 10)
+            await asyncio.sleep(0.1)
+            gate.set()
+            await asyncio.sleep(0.3)
+            assert peak <= 4, f"{peak} handlers ran at once at concurrency 4"
+        finally:
+            release_all.set()
+        await asyncio.wait_for(until_drained(q), 10)

@@ -47,8 +47,13 @@ async def drain(queue, count: int, handler=None, *, concurrency: int = 20) -> No
 
     async with running(make_worker(queue, {"job": job}, concurrency=concurrency)):
         await asyncio.wait_for(done.wait(), 30)
-        while True:
-            stats = await queue.stats()
-            if stats.waiting == stats.active == stats.delayed == 0:
-                return
-            await asyncio.sleep(0.01)
+        await until_drained(queue)
+
+
+async def until_drained(queue) -> None:
+    """Wait until no task is left waiting, delayed or active."""
+    while True:
+        stats = await queue.stats()
+        if stats.waiting == stats.active == stats.delayed == 0:
+            return
+        await asyncio.sleep(0.01)
