@@ -157,6 +157,23 @@ def _simple(action: str) -> Callable:
     return run
 
 
+LOOPS = ("auto", "uvloop", "asyncio")
+
+
+def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop `--loop` asks for (None: asyncio's own). uvloop runs the same
+    code with less CPU per I/O call, the handlers' own I/O included."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError as exc:
+        if choice == "uvloop":
+            raise EffectMQError(f"--loop uvloop: uvloop cannot be imported ({exc})") from None
+        return None
+    return uvloop.new_event_loop
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="effectmq", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -180,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="items per sweep of one maintenance call [EFFECTMQ_MAINTENANCE_BATCH]")
     w.add_argument("--metrics-port", type=int, default=env("EFFECTMQ_METRICS_PORT", None, int),
                    help="serve Prometheus metrics on this port [EFFECTMQ_METRICS_PORT]")
+    w.add_argument("--loop", choices=LOOPS, default=env("EFFECTMQ_LOOP", "auto"),
+                   help="event loop: auto = uvloop when installed, else asyncio's [EFFECTMQ_LOOP]")
     w.set_defaults(run=cmd_worker)
 
     s = sub.add_parser("stats", help="counts per state of a queue")
@@ -240,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         print("effectmq: worker needs handlers (module:attr or EFFECTMQ_HANDLERS)", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(args.run(args))
+        with asyncio.Runner(loop_factory=loop_factory(getattr(args, "loop", "asyncio"))) as runner:
+            return runner.run(args.run(args))
     except EffectMQError as exc:
         print(f"effectmq: {exc}", file=sys.stderr)
         return 1

@@ -209,8 +209,9 @@ class Worker:
                     asyncio.create_task(self._maintenance_loop(), name="effectmq-maintenance"),
                     asyncio.create_task(self._announce_loop(), name="effectmq-announce"),
                 ]
-                log.info("worker %s serving queue %r at %s with %d handlers, concurrency %d",
-                         self.name, self._q, self.queue.url, len(self.handlers), self.concurrency)
+                log.info("worker %s serving queue %r at %s with %d handlers, concurrency %d, on %s",
+                         self.name, self._q, self.queue.url, len(self.handlers), self.concurrency,
+                         type(asyncio.get_running_loop()).__module__)
                 await self._acquire_loop(wake)
                 await self._drain()
         finally:

@@ -73,13 +73,15 @@ class Resp:
         return out
 
 
-def command_calls(client: Resp) -> dict[str, int]:
-    """Calls per command since the server started (commands run by scripts included)."""
-    out = {}
+def command_stats(client: Resp) -> tuple[dict[str, int], dict[str, int]]:
+    """Calls and microseconds per command since the server started (commands run by
+    scripts included, each in its own entry and again in its script's time)."""
+    calls, usec = {}, {}
     for key, value in client.info("commandstats").items():
         fields = dict(item.split("=", 1) for item in value.split(","))
-        out[key.removeprefix("cmdstat_")] = int(fields["calls"])
-    return out
+        name = key.removeprefix("cmdstat_")
+        calls[name], usec[name] = int(fields["calls"]), int(fields["usec"])
+    return calls, usec
 
 
 def cpu_seconds(client: Resp) -> float:
@@ -103,11 +105,14 @@ def used_memory(client: Resp) -> dict[str, int]:
 
 
 def snapshot(client: Resp) -> dict:
-    return {"calls": command_calls(client), "cpu": cpu_seconds(client)}
+    calls, usec = command_stats(client)
+    return {"calls": calls, "usec": usec, "cpu": cpu_seconds(client)}
 
 
 def delta(before: dict, after: dict) -> dict:
     """Commands and CPU between two snapshots; INFO itself (the harness's) is left out."""
     calls = {k: after["calls"].get(k, 0) - before["calls"].get(k, 0) for k in after["calls"]}
     calls = {k: v for k, v in calls.items() if v and k != "info"}
-    return {"calls": dict(sorted(calls.items(), key=lambda kv: -kv[1])), "cpu": after["cpu"] - before["cpu"]}
+    usec = {k: after["usec"].get(k, 0) - before["usec"].get(k, 0) for k in calls}
+    return {"calls": dict(sorted(calls.items(), key=lambda kv: -kv[1])),
+            "usec": dict(sorted(usec.items(), key=lambda kv: -kv[1])), "cpu": after["cpu"] - before["cpu"]}

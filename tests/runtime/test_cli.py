@@ -1,9 +1,13 @@
 """The inspection CLI, human and JSON output, against a real Redis."""
 
 import json
+import os
+import subprocess
+import sys
 
 import effectmq
 from tests.runtime.test_bad_input import cli
+from tests.support.processes import ROOT, WorkerProcess
 
 
 async def test_offer_stats_task_and_dead_letters(redis_url):
@@ -46,3 +50,39 @@ def test_worker_maintenance_batch_from_the_flag_or_the_environment(monkeypatch):
     assert build_parser().parse_args(["worker", "m:app", "--maintenance-batch", "500"]).maintenance_batch == 500
     monkeypatch.setenv("EFFECTMQ_MAINTENANCE_BATCH", "250")  # how the operator would configure a pod
     assert build_parser().parse_args(["worker", "m:app"]).maintenance_batch == 250
+
+
+async def _loop_of_a_worker(redis_url, tmp_path, name, args=(), env=None):
+    """The event loop module a real `effectmq worker` process ran a handler on."""
+    q = effectmq.TaskQueue(f"loop-{name}", url=redis_url)
+    await q.offer("loop_kind", None, task_id="probe")
+    w = WorkerProcess(redis_url, f"loop-{name}", tmp_path, args=list(args), env=env, name=name)
+    try:
+        return await q.wait("probe", timeout=20)
+    except TimeoutError:
+        raise AssertionError(w.log()) from None
+    finally:
+        w.stop()
+        await q.close()
+
+
+async def test_the_worker_runs_on_uvloop_unless_asked_for_asyncio(redis_url, tmp_path):
+    assert await _loop_of_a_worker(redis_url, tmp_path, "auto") == "uvloop"
+    assert await _loop_of_a_worker(redis_url, tmp_path, "flag", ["--loop", "asyncio"]) == "asyncio.unix_events"
+    assert await _loop_of_a_worker(redis_url, tmp_path, "env", env={"EFFECTMQ_LOOP": "asyncio"}) \
+        == "asyncio.unix_events"
+
+
+async def test_without_uvloop_auto_falls_back_and_an_explicit_ask_fails_clearly(redis_url, tmp_path):
+    hide = tmp_path / "hide"
+    (hide / "uvloop").mkdir(parents=True)
+    (hide / "uvloop" / "__init__.py").write_text("raise ImportError('uvloop is hidden by the test')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])}
+    assert await _loop_of_a_worker(redis_url, tmp_path, "fallback", env=env) == "asyncio.unix_events"
+    res = subprocess.run([sys.executable, "-m", "effectmq", "worker", "tests.support.handlers:app", "--queue", "x",
+                          "--url", redis_url, "--loop", "uvloop"], env={**os.environ, **env}, cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "--loop uvloop: uvloop cannot be imported" in res.stderr
+    bad = subprocess.run([sys.executable, "-m", "effectmq", "worker", "m:app", "--loop", "trio"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "invalid choice: 'trio'" in bad.stderr

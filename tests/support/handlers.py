@@ -27,3 +27,9 @@ async def work(payload, ctx):
     await asyncio.sleep((payload or {}).get("sleep", 0))
     record("done", ctx)
     return {"attempt": ctx.attempt, "pid": os.getpid()}
+
+
+@app.task
+async def loop_kind(payload, ctx):
+    """The module of the event loop this worker runs on."""
+    return type(asyncio.get_running_loop()).__module__
