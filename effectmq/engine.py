@@ -101,7 +101,8 @@ class Lease:
         self.raw = dict(fields.undecodable)
         self._raw_payload = fields.undecodable.get("payload", v["payload"])
         try:
-            options = codec.loads(v["options"], "options") if "options" not in self.corrupt else {}
+            stored = v["options"]
+            options = None if stored in (None, "", "{}") or "options" in self.corrupt else codec.loads(stored, "options")
             if not isinstance(options, (dict, type(None))):
                 raise CorruptValue(f"stored options are not a JSON object: {options!r}")
             self.options = options or {}

@@ -161,6 +161,7 @@ class Worker:
         self.install_signal_handlers = install_signal_handlers
         self.name = name or f"worker-{random.getrandbits(32):08x}"
         self._attempts: dict[str, _Attempt] = {}  # by lease token: two attempts of one task may meet here
+        self._newest: dict[str, _Attempt] = {}  # by task id: its newest attempt here (older ones are interrupted)
         self._asking = 0  # free slots a call now out asks leases for (the acquire loop's or a batch's)
         self._background: set[asyncio.Task] = set()
         self._fatal: BaseException | None = None
@@ -354,9 +355,8 @@ class Worker:
             # The reply came late (a held network, a paused process): never run on a spent lease.
             self._release_in_background(lease, "its lease ran out before it could start")
             return
-        for other in list(self._attempts.values()):
-            if other.lease.task_id != lease.task_id:
-                continue
+        other = self._newest.get(lease.task_id)
+        if other is not None:
             if other.lease.attempt >= lease.attempt:  # this delivery is the stale one
                 log.warning("task %s: attempt %d delivered after attempt %d; not started",
                             lease.task_id, lease.attempt, other.lease.attempt)
@@ -366,6 +366,7 @@ class Worker:
         refresh = heartbeat.refresh_interval(lease.lock_timeout, self.lock_refresh)
         attempt = _Attempt(lease, definition, time.monotonic() + refresh)
         self._attempts[lease.token] = attempt
+        self._newest[lease.task_id] = attempt
         if heartbeat.tick(refresh) < self._heartbeat_sleep:  # the heartbeat must wake sooner
             self._new_attempt.set()
         attempt.task = asyncio.create_task(self._run_attempt(attempt))
@@ -398,6 +399,8 @@ class Worker:
             log.exception("unexpected error settling task %s", lease.task_id)
         finally:
             self._attempts.pop(lease.token, None)
+            if self._newest.get(lease.task_id) is attempt:
+                del self._newest[lease.task_id]
             self._slot_free.set()
             self.processed += 1
             self._metrics.settled(label, outcome, time.monotonic() - attempt.started)

@@ -334,3 +334,43 @@ async def test_a_worker_never_runs_more_than_its_concurrency(make_queue):
         finally:
             release_all.set()
         await asyncio.wait_for(until_drained(q), 10)
+
+
+async def test_a_newer_attempt_of_a_task_interrupts_the_older_one_and_a_stale_one_never_starts(make_queue):
+    # One worker may be handed two attempts of one task: its lease ran out unseen (a
+    # paused process) and the task came back to it. The newer attempt owns the task.
+    q = make_queue("two-attempts", max_stalled_count=3)
+    await q.offer("job", None, task_id="t")
+    first = await q.acquire(lock_timeout=0.1)
+    await asyncio.sleep(0.25)
+    await q.maintain()  # the spent lease: a stall, the task waits again
+    second = await q.acquire()
+    assert (first.attempt, second.attempt) == (1, 2)
+    first.confirmed_until = time.monotonic() + 30  # as the paused worker still believes
+
+    started, interrupted = [], []
+
+    async def job(payload, ctx):
+        started.append(ctx.attempt)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            interrupted.append(ctx.attempt)
+            raise
+
+    worker = make_worker(q, {"job": job})
+    worker._start(first)
+    await asyncio.sleep(0.05)
+    worker._start(second)
+    await asyncio.sleep(0.05)
+    assert started == [1, 2] and interrupted == [1]
+
+    late = make_worker(q, {"job": job})
+    late._start(second)
+    late._start(first)  # delivered after the attempt that replaced it
+    await asyncio.sleep(0.05)
+    assert started == [1, 2, 2] and late.in_flight == 1
+    for w in (worker, late):
+        for attempt in list(w._attempts.values()):
+            attempt.task.cancel()
+        await asyncio.gather(*(a.task for a in list(w._attempts.values())), return_exceptions=True)
