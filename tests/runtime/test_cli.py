@@ -66,11 +66,11 @@ async def _loop_of_a_worker(redis_url, tmp_path, name, args=(), env=None):
         await q.close()
 
 
-async def test_the_worker_runs_on_uvloop_unless_asked_for_asyncio(redis_url, tmp_path):
-    assert await _loop_of_a_worker(redis_url, tmp_path, "auto") == "uvloop"
-    assert await _loop_of_a_worker(redis_url, tmp_path, "flag", ["--loop", "asyncio"]) == "asyncio.unix_events"
-    assert await _loop_of_a_worker(redis_url, tmp_path, "env", env={"EFFECTMQ_LOOP": "asyncio"}) \
-        == "asyncio.unix_events"
+async def test_the_worker_runs_on_asyncio_unless_asked_for_uvloop(redis_url, tmp_path):
+    assert await _loop_of_a_worker(redis_url, tmp_path, "default") == "asyncio.unix_events"
+    assert await _loop_of_a_worker(redis_url, tmp_path, "flag", ["--loop", "uvloop"]) == "uvloop"
+    assert await _loop_of_a_worker(redis_url, tmp_path, "auto", ["--loop", "auto"]) == "uvloop"
+    assert await _loop_of_a_worker(redis_url, tmp_path, "env", env={"EFFECTMQ_LOOP": "uvloop"}) == "uvloop"
 
 
 async def test_without_uvloop_auto_falls_back_and_an_explicit_ask_fails_clearly(redis_url, tmp_path):
@@ -78,7 +78,8 @@ async def test_without_uvloop_auto_falls_back_and_an_explicit_ask_fails_clearly(
     (hide / "uvloop").mkdir(parents=True)
     (hide / "uvloop" / "__init__.py").write_text("raise ImportError('uvloop is hidden by the test')\n")
     env = {"PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])}
-    assert await _loop_of_a_worker(redis_url, tmp_path, "fallback", env=env) == "asyncio.unix_events"
+    assert await _loop_of_a_worker(redis_url, tmp_path, "fallback", ["--loop", "auto"], env=env) \
+        == "asyncio.unix_events"
     res = subprocess.run([sys.executable, "-m", "effectmq", "worker", "tests.support.handlers:app", "--queue", "x",
                           "--url", redis_url, "--loop", "uvloop"], env={**os.environ, **env}, cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
