@@ -17,6 +17,7 @@ earlier acquire reply (`AcquireReply.ready`, `.due`) or from plain reads (mainta
 from __future__ import annotations
 
 import base64
+import secrets
 import itertools
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
@@ -361,13 +362,15 @@ class OfferArgs(ScriptArgs[OfferReply]):
     operation = "offer"
     Reply = OfferReply
     count: int = field(init=False)
+    nonce: str = field(init=False)  # a resend of this call (its reply lost) finds its own tasks
     tasks: Sequence[OfferTask]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "count", len(self.tasks))
+        object.__setattr__(self, "nonce", str(1 + secrets.randbelow(1 << 31)))  # compact: an integer
 
     def argv(self) -> list:
-        return [self.count, *_flat(self.tasks)]
+        return [self.count, self.nonce, *_flat(self.tasks)]
 
     def task_ids(self) -> Sequence[str | bytes]:
         return [task.id for task in self.tasks]

@@ -237,7 +237,7 @@ end
 -- {explicit_id, last_token, last_outcome, lock_until} when the caller has them.
 local function forget(id, key, now, known)
   local f = known or redis.call('HMGET', key, 'explicit_id', 'last_token', 'last_outcome', 'lock_until')
-  if f[1] == '1' then
+  if f[1] then  -- explicit_id: '1', or the nonce of the offer that created it
     zadd_later(K_DEDUP, now + meta_num('dedup_window_ms', DEFAULTS.dedup_window_ms), id)
   end
   local resend_until = (tonumber(f[4]) or 0) + SETTLED_SLACK_MS

@@ -1,14 +1,18 @@
 --[[ offer: add one or more tasks; an id that exists (or is still reserved) is left untouched.
 KEYS: the queue keys of lib.lua, then the task hash of each record's id, in order.
 ARGV[1] count  the number of tasks
-ARGV[2...] tasks...: 9 values each: id, explicit_id, name, payload, delay_ms, priority,
+ARGV[2] nonce  random per call (a positive integer), stored as explicit_id of the tasks
+  with explicit ids it creates: a resend of the call (its reply lost) finds them as its own
+ARGV[3...] tasks...: 9 values each: id, explicit_id, name, payload, delay_ms, priority,
   max_retries, max_stalled_count, options
   explicit_id: 1 | 0; payload: JSON; max_retries, max_stalled_count: -1 = queue default
   options: JSON object of further per-task options (retry policy, timeout), or ''
-Returns: {created...}  one per task: 1 = created, 0 = already known (idempotent re-offer)
+Returns: {created...}  one per task: 1 = created (by this call, or by its first send),
+  0 = already known (idempotent re-offer)
 ]]
 local now = now_ms()
 local n = tonumber(ARGV[1])
+local nonce = ARGV[2]
 local created = {}
 local woke = false
 local ready = {}  -- ids the wake message names (and that join the waiting index)
@@ -16,13 +20,16 @@ local ready_prio = {}
 local later = {}  -- due time, id pairs for the delayed index
 local first_due = next_due()
 for i = 0, n - 1 do
-  local b = 2 + i * 9
+  local b = 3 + i * 9
   local id = ARGV[b]
   local key = task_key(id)
-  -- A generated id is new unless this offer is a resend; an explicit one may be reserved.
-  local reserved = ARGV[b + 1] == '1' and redis.call('ZSCORE', K_DEDUP, id)
-  if redis.call('EXISTS', key) == 1 or (reserved and tonumber(reserved) > now) then
-    created[#created + 1] = 0
+  -- A generated id exists only when this call's first send created it (its reply lost);
+  -- an explicit one keeps the nonce of the call that created it, and may be reserved.
+  local explicit = ARGV[b + 1] == '1'
+  local f = redis.call('HMGET', key, 'state', 'explicit_id')  -- every record has a state
+  local reserved = explicit and not f[1] and redis.call('ZSCORE', K_DEDUP, id)
+  if f[1] or (reserved and tonumber(reserved) > now) then
+    created[#created + 1] = f[1] and (not explicit or f[2] == nonce) and 1 or 0
   else
     local delay = tonumber(ARGV[b + 4])
     local state, ready_at = 'waiting', now
@@ -31,7 +38,7 @@ for i = 0, n - 1 do
     -- less memory, and cheaper for every later read and write of it.
     local fields = {'name', ARGV[b + 2], 'payload', ARGV[b + 3], 'created_at', now, 'state', state,
       'ready_at', ready_at, 'attempt', 0, 'handler_failure_count', 0, 'stalled_attempt_count', 0}
-    if ARGV[b + 1] == '1' then fields[#fields + 1] = 'explicit_id'; fields[#fields + 1] = '1' end
+    if explicit then fields[#fields + 1] = 'explicit_id'; fields[#fields + 1] = nonce end
     if ARGV[b + 5] ~= '0' then fields[#fields + 1] = 'priority'; fields[#fields + 1] = ARGV[b + 5] end
     if ARGV[b + 6] ~= '-1' then fields[#fields + 1] = 'max_retries'; fields[#fields + 1] = ARGV[b + 6] end
     if ARGV[b + 7] ~= '-1' then fields[#fields + 1] = 'max_stalled_count'; fields[#fields + 1] = ARGV[b + 7] end

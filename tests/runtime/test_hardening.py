@@ -215,6 +215,27 @@ async def test_settle_resent_after_a_reply_dropped_by_the_proxy(tcp_proxy, redis
     await q.close()
 
 
+async def test_an_offer_resent_after_its_reply_was_lost_still_says_it_created_the_task(tcp_proxy):
+    """The first send created the tasks and its reply was lost; the runner's resend finds
+    them. The call created them, so `created` is True; a later offer of an id is not."""
+    q = effectmq.TaskQueue("offer-resent", url=tcp_proxy.url)
+    await q.offer("x", None, task_id="warm")  # the script is loaded: the dropped reply is the offer's
+    tcp_proxy.drop_next_reply()
+    offered = await q.offer("x", {"n": 1}, task_id="explicit")
+    assert tcp_proxy.replies_dropped == 1 and offered.created
+    tcp_proxy.drop_next_reply()
+    generated = await q.offer("x", {"n": 2})
+    assert tcp_proxy.replies_dropped == 2 and generated.created
+    tcp_proxy.drop_next_reply()
+    many = await q.offer_many([("x", {"n": 3}), {"name": "x", "payload": {"n": 4}, "task_id": "explicit-2"},
+                               {"name": "x", "payload": {"n": 5}, "task_id": "explicit"}])
+    assert tcp_proxy.replies_dropped == 3
+    assert [o.created for o in many] == [True, True, False]  # "explicit" was known before this call
+    assert not (await q.offer("x", {"n": 1}, task_id="explicit")).created
+    assert (await q.stats()).waiting == 5
+    await q.close()
+
+
 # -- 9. lease lengths ------------------------------------------------------------
 
 

@@ -204,7 +204,8 @@ def test_record_strides_in_the_scripts_are_the_record_sizes():
         for start, step in re.findall(r"for i = (\d+), #ARGV, (\d+) do", body):
             name = header.argv[int(start) - 1]
             assert int(step) == len(header.records[name]), operation
-    assert re.search(r"local b = 2 \+ i \* (\d+)", read("offer")).group(1) == str(protocol.OFFER_WIDTH)
+    start, step = re.search(r"local b = (\d+) \+ i \* (\d+)", read("offer")).groups()
+    assert (int(start), int(step)) == (parse_header("offer").argv.index("tasks...") + 1, protocol.OFFER_WIDTH)
     acquire = read("acquire")
     stored = re.search(r"HMGET', key, (.*?)\)", acquire, re.S).group(1)
     # after id, token, attempt; the stored attempt number is read with them (the new one is +1)
