@@ -164,6 +164,8 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The event loop `--loop` asks for (None: asyncio's own). uvloop spends less
     worker CPU per I/O call, the handlers' own I/O included; it is not the default
     because completions then come back in smaller batches (README, Performance)."""
+    if choice not in LOOPS:  # argparse checks the flag, not the environment's default
+        raise EffectMQError(f"EFFECTMQ_LOOP must be one of {', '.join(LOOPS)}, got {choice!r}")
     if choice == "asyncio":
         return None
     try:

@@ -87,3 +87,6 @@ async def test_without_uvloop_auto_falls_back_and_an_explicit_ask_fails_clearly(
     bad = subprocess.run([sys.executable, "-m", "effectmq", "worker", "m:app", "--loop", "trio"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "invalid choice: 'trio'" in bad.stderr
+    bad_env = subprocess.run([sys.executable, "-m", "effectmq", "worker", "m:app"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60, env={**os.environ, "EFFECTMQ_LOOP": "trio"})
+    assert bad_env.returncode == 1 and "EFFECTMQ_LOOP must be one of auto, uvloop, asyncio, got 'trio'" in bad_env.stderr
