@@ -23,8 +23,9 @@ again, and the run is checked against the delivery model (design/runtime.md):
    cancel of each attempt (wall clock) in an effects file; the test records each
    fault's window. Every attempt of a task other than the one whose result was
    accepted must overlap a fault window that affected it: one of its own worker
-   process (killed, stopped, drained, its connection cut or held) or a Redis
-   restart. An attempt that never reached its handler (its acquire reply was lost)
+   process (killed, stopped, drained, its connection cut or held), a Redis
+   restart, or a stall of the machine the test saw (a direct PING slower than STALL,
+   while SLOWLOG shows no command that long: the AOF's fsync on a busy disk). An attempt that never reached its handler (its acquire reply was lost)
    is dated by the `active` event of the queue's event stream and may be explained
    by any fault. No attempt number runs twice.
 Also: the producer never saw created=False for an id it had not sent before
@@ -46,12 +47,16 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 import effectmq
 from effectmq.keys import INDEXES, QueueKeys
@@ -79,6 +84,9 @@ KINDS = ("kill", "stop", "term", "redis", "cut", "hold")
 # retried (within the lease) when the fault began.
 BEFORE = 1.5
 AFTER = 1.0
+# A direct PING slower than this is a stall of the machine (the AOF's fsync on a busy
+# disk, this process paused): it takes leases away as an injected fault does.
+STALL = 0.5
 
 
 class ChaosProxy(TcpProxy):
@@ -309,6 +317,21 @@ class Chaos:
                     self.spawn(slot)
             await asyncio.sleep(0.2)
 
+    def watch_stalls(self, stop: threading.Event) -> None:
+        """PING Redis directly ten times a second and record each stall as a fault; the
+        end of the run checks that no command itself ran that long (SLOWLOG)."""
+        # no retries inside redis-py: a PING that spans a restart fails, as the restart is a fault of its own
+        client = redis.Redis(host="127.0.0.1", port=self.server.port, socket_timeout=30, retry=Retry(NoBackoff(), 0))
+        while not stop.wait(0.1):
+            t0 = time.time()
+            try:
+                client.ping()
+            except Exception:  # noqa: BLE001 - Redis is down: a redis-kill fault covers it
+                continue
+            took = time.time() - t0
+            if took > STALL:
+                self.faults.append(Fault("stall", "redis", None, t0, t0 + took, f"PING answered after {took:.2f}s"))
+
     def heal(self) -> None:
         for pid in list(self.stopped):
             os.kill(pid, signal.SIGCONT)
@@ -434,6 +457,7 @@ async def test_chaos_seeded_faults_lose_nothing_and_accept_no_stale_ack(make_red
     await direct.configure(events_maxlen=1_000_000, events_always=True)
     stop_watch = asyncio.Event()
     watcher = None
+    stop_stalls = threading.Event()
     probes: list[str] = []
     try:
         for slot in chaos.slots:
@@ -444,6 +468,8 @@ async def test_chaos_seeded_faults_lose_nothing_and_accept_no_stale_ack(make_red
                 tail(s.worker.log(), 20) for s in chaos.slots)
             await asyncio.sleep(0.1)
         watcher = asyncio.create_task(chaos.watch_workers(stop_watch))
+        stalls = threading.Thread(target=chaos.watch_stalls, args=(stop_stalls,), daemon=True)
+        stalls.start()
 
         # -- the chaos: offers throughout, faults on a seeded schedule --------------
         stop_offers = asyncio.Event()
@@ -489,6 +515,7 @@ async def test_chaos_seeded_faults_lose_nothing_and_accept_no_stale_ack(make_red
                               f"{tail(slot.worker.log(), 20)}")
     finally:
         stop_watch.set()
+        stop_stalls.set()
         if watcher:
             await watcher
         chaos.heal()
@@ -507,6 +534,11 @@ async def test_chaos_seeded_faults_lose_nothing_and_accept_no_stale_ack(make_red
 
     # -- the checks -----------------------------------------------------------------
     r = server.client()
+    # A stall explains extra runs only when no command made it (SLOWLOG since the last
+    # restart): a script of ours holding Redis that long would be a defect.
+    for entry in r.slowlog_get(128):
+        if entry["duration"] > STALL * 1e6:
+            chaos.problem("redis held by a command", f"{entry['duration'] / 1e6:.2f}s: {str(entry['command'])[:200]}")
     effects = read_effects(tmp_path / "effects.log")
     runs: dict[tuple[str, int], dict] = {}
     for e in effects:

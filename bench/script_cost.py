@@ -1,0 +1,124 @@
+"""Redis instructions per worker call, from callgrind: what one complete+acquire costs.
+
+    python bench/script_cost.py               # k = 1 6 20 completions (and leases) per call
+    python bench/script_cost.py --k 1 10 --rounds 200
+
+Starts its own redis-server under `valgrind --tool=callgrind` (Debian's valgrind), fills
+a queue, then for each k times `rounds` calls of `complete_and_acquire` with k
+completions and k leases, as a busy worker sends them. Counting is zeroed and dumped
+around those calls only (callgrind_control), so the figure is redis-server's own
+instructions per call: deterministic, unlike CPU time on a shared machine. The fit
+splits it into a fixed cost per call and a cost per task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import redis  # noqa: E402
+import redis.asyncio as aioredis  # noqa: E402
+
+from effectmq.queue import TaskQueue  # noqa: E402
+
+
+class Callgrind:
+    """redis-server under callgrind on a free port; `count()` runs a block and returns its instructions."""
+
+    def __init__(self) -> None:
+        for tool in ("valgrind", "callgrind_control", "redis-server"):
+            if shutil.which(tool) is None:
+                raise SystemExit(f"{tool} not found (Debian packages valgrind, redis-server)")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.dir = tempfile.mkdtemp(prefix="effectmq-callgrind-")
+        self.proc = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.dir}/out.%p", "redis-server",
+             "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port)
+        for _ in range(500):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise SystemExit("redis-server under valgrind did not answer")
+
+    def _control(self, flag: str) -> None:
+        subprocess.run(["callgrind_control", flag, str(self.proc.pid)], check=True, capture_output=True)
+
+    def zero(self) -> None:
+        self._control("-z")
+
+    def dumped(self) -> int:
+        """Instructions since the last zero()."""
+        self._control("-d")
+        latest = max(glob.glob(f"{self.dir}/out.{self.proc.pid}*"), key=os.path.getmtime)
+        for line in open(latest):
+            if line.startswith(("totals:", "summary:")):
+                return int(line.split()[1])
+        raise RuntimeError(f"no totals in {latest}")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+async def per_call(grind: Callgrind, k: int, rounds: int) -> float:
+    client = aioredis.Redis(port=grind.port, decode_responses=True)
+    await client.flushall()
+    q = TaskQueue("cost", redis=client, retention_completed=0)
+    total = k * (rounds + 10) + 100
+    for start in range(0, total, 500):
+        await q.offer_many([("t", {"i": i}) for i in range(start, min(total, start + 500))])
+    leases: list = []
+    while len(leases) < k:
+        more, _ = await q.acquire_many(k - len(leases))
+        leases += more
+    for _ in range(5):  # warm: the next ids known, the script loaded
+        _, leases = await q.engine.complete_and_acquire([(lease, "null") for lease in leases], k)
+    grind.zero()
+    for _ in range(rounds):
+        _, leases = await q.engine.complete_and_acquire([(lease, "null") for lease in leases], k)
+        if len(leases) != k:
+            raise RuntimeError(f"a call leased {len(leases)} of {k}")
+    instructions = grind.dumped()
+    await client.aclose()
+    return instructions / rounds
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--k", type=int, nargs="+", default=[1, 6, 20], help="completions and leases per call")
+    parser.add_argument("--rounds", type=int, default=100, help="calls measured per k")
+    args = parser.parse_args()
+    grind = Callgrind()
+    try:
+        costs = {}
+        for k in args.k:
+            costs[k] = await per_call(grind, k, args.rounds)
+            print(f"k={k:4d}: {costs[k]:10,.0f} instructions per call, {costs[k] / k:9,.0f} per task", flush=True)
+        if len(costs) > 1:
+            low, high = min(costs), max(costs)
+            per_task = (costs[high] - costs[low]) / (high - low)
+            print(f"fit: {costs[low] - low * per_task:,.0f} per call + {per_task:,.0f} per task")
+    finally:
+        grind.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
