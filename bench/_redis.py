@@ -12,11 +12,9 @@ import time
 import redis
 
 
-@contextlib.contextmanager
-def private_redis(url: str | None = None):
-    if url:
-        yield url
-        return
+def start_redis(prefix: list[str] = (), *, wait: float = 4.0) -> tuple[subprocess.Popen, int, str]:
+    """A redis-server (run under `prefix`, e.g. valgrind) on a free loopback port, without
+    persistence, answering PING; returns the process, its port and its folder."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server not found: install the Debian package redis-server or pass --url")
@@ -24,15 +22,29 @@ def private_redis(url: str | None = None):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     workdir = tempfile.mkdtemp(prefix="effectmq-bench-")
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", workdir], stdout=subprocess.DEVNULL)
-    try:
-        client = redis.Redis(port=port)
-        for _ in range(200):
-            with contextlib.suppress(redis.ConnectionError):
-                client.ping()
-                break
+    proc = subprocess.Popen([*prefix, binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", workdir], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL if prefix else None)
+    client = redis.Redis(port=port)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            client.ping()
+            return proc, port, workdir
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                proc.terminate()
+                raise SystemExit(f"redis-server on port {port} did not answer within {wait}s") from None
             time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def private_redis(url: str | None = None):
+    if url:
+        yield url
+        return
+    proc, port, _ = start_redis()
+    try:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         proc.terminate()

@@ -18,44 +18,30 @@ import asyncio
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import redis  # noqa: E402
 import redis.asyncio as aioredis  # noqa: E402
 
+from bench._redis import start_redis  # noqa: E402
 from effectmq.queue import TaskQueue  # noqa: E402
 
 
 class Callgrind:
-    """redis-server under callgrind on a free port; `count()` runs a block and returns its instructions."""
+    """redis-server under callgrind on a free port; `zero()`, then `dumped()` gives the
+    instructions it ran in between."""
 
     def __init__(self) -> None:
-        for tool in ("valgrind", "callgrind_control", "redis-server"):
+        for tool in ("valgrind", "callgrind_control"):
             if shutil.which(tool) is None:
-                raise SystemExit(f"{tool} not found (Debian packages valgrind, redis-server)")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+                raise SystemExit(f"{tool} not found (Debian package valgrind)")
         self.dir = tempfile.mkdtemp(prefix="effectmq-callgrind-")
-        self.proc = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.dir}/out.%p", "redis-server",
-             "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self.dir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port)
-        for _ in range(500):
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        raise SystemExit("redis-server under valgrind did not answer")
+        self.proc, self.port, _ = start_redis(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.dir}/out.%p"], wait=25.0)
 
     def _control(self, flag: str) -> None:
         subprocess.run(["callgrind_control", flag, str(self.proc.pid)], check=True, capture_output=True)

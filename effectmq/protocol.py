@@ -17,8 +17,8 @@ earlier acquire reply (`AcquireReply.ready`, `.due`) or from plain reads (mainta
 from __future__ import annotations
 
 import base64
-import secrets
 import itertools
+import secrets
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Any, ClassVar, Generic, NamedTuple, Sequence, TypeVar

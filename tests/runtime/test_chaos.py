@@ -24,8 +24,9 @@ again, and the run is checked against the delivery model (design/runtime.md):
    fault's window. Every attempt of a task other than the one whose result was
    accepted must overlap a fault window that affected it: one of its own worker
    process (killed, stopped, drained, its connection cut or held), a Redis
-   restart, or a stall of the machine the test saw (a direct PING slower than STALL,
-   while SLOWLOG shows no command that long: the AOF's fsync on a busy disk). An attempt that never reached its handler (its acquire reply was lost)
+   restart, or a stall of the machine the test saw (a direct PING slower than
+   STALL, while SLOWLOG shows no command that long: the AOF's fsync on a busy
+   disk). An attempt that never reached its handler (its acquire reply was lost)
    is dated by the `active` event of the queue's event stream and may be explained
    by any fault. No attempt number runs twice.
 Also: the producer never saw created=False for an id it had not sent before
