@@ -97,16 +97,16 @@ if #taking > 0 then
   redis.call('ZREM', K_WAITING, unpack(taking))
   local seq = redis.call('INCRBY', K_SEQ, #taking) - #taking  -- one sequence number per lease token
   local leased = {}  -- deadline, id pairs for the active index
-  local deadline_text = string.format('%d', deadline)  -- formatted once, as now_text()
+  local deadline_text = int_text(deadline)  -- formatted once, as now_text()
   for i, id in ipairs(taking) do
     local key = task_key(id)
     local f = redis.call('HMGET', key, 'name', 'payload', 'handler_failure_count',
       'stalled_attempt_count', 'max_retries', 'options', 'priority', 'attempt')
     if f[1] then  -- every record has a name; none: the record is gone
       local attempt = (tonumber(f[8]) or 0) + 1
-      local token = ARGV[3] .. ':' .. (seq + i)
+      local token = ARGV[3] .. ':' .. int_text(seq + i)
       redis.call('HSET', key, 'state', 'active', 'token', token, 'lock_until', deadline_text, 'started_at', now_text(),
-        'attempt', attempt)
+        'attempt', int_text(attempt))
       leased[#leased + 1] = deadline_text
       leased[#leased + 1] = id
       out[#out + 1] = id

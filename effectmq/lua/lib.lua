@@ -89,10 +89,16 @@ local function now_ms()
   return now_cache
 end
 
+-- An integer as text. Redis turns a Lua number argument into text with printf's %.17g
+-- (and Lua's `..` with %.14g): floating-point formatting, several times the cost of %d.
+local function int_text(n)
+  return string.format('%d', n)
+end
+
 local now_string = nil
--- now_ms() as text, formatted once: Redis turns every Lua number argument into text.
+-- now_ms() as text, formatted once.
 local function now_text()
-  if now_string == nil then now_string = string.format('%d', now_ms()) end
+  if now_string == nil then now_string = int_text(now_ms()) end
   return now_string
 end
 
@@ -238,11 +244,12 @@ end
 local function forget(id, key, now, known)
   local f = known or redis.call('HMGET', key, 'explicit_id', 'last_token', 'last_outcome', 'lock_until')
   if f[1] then  -- explicit_id: '1', or the nonce of the offer that created it
-    zadd_later(K_DEDUP, now + meta_num('dedup_window_ms', DEFAULTS.dedup_window_ms), id)
+    local reserved_until = now + meta_num('dedup_window_ms', DEFAULTS.dedup_window_ms)
+    zadd_later(K_DEDUP, int_text(reserved_until), id)
   end
   local resend_until = (tonumber(f[4]) or 0) + SETTLED_SLACK_MS
   if f[2] and f[2] ~= '' and f[3] and resend_until > now then  -- a resend may still come
-    zadd_later(K_SETTLED, resend_until, f[3] .. ':' .. f[2])
+    zadd_later(K_SETTLED, int_text(resend_until), f[3] .. ':' .. f[2])
   end
   redis.call('DEL', key)
 end
@@ -299,7 +306,7 @@ local function settle(id, key, state, index_key, retention_ms, now, extra, known
   if retention_ms < 0 then
     zadd_later(index_key, '+inf', id)
   else
-    zadd_later(index_key, now + retention_ms, id)
+    zadd_later(index_key, int_text(now + retention_ms), id)
   end
 end
 
@@ -368,7 +375,7 @@ local function complete_each(first, retention)
       emit('completed', id)
       settle(id, key, 'completed', K_COMPLETED, retention, now,
         {'result', ARGV[i + 2], 'last_token', token, 'last_outcome', OUTCOME_COMPLETED},
-        {st[4], token, OUTCOME_COMPLETED, st[3]})
+        {st[4], token, '1', st[3]})  -- '1': OUTCOME_COMPLETED as text
       outcomes[#outcomes + 1] = OUTCOME_COMPLETED
     else
       outcomes[#outcomes + 1] = outcome_of(id, token)

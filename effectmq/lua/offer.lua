@@ -32,12 +32,12 @@ for i = 0, n - 1 do
     created[#created + 1] = f[1] and (not explicit or f[2] == nonce) and 1 or 0
   else
     local delay = tonumber(ARGV[b + 4])
-    local state, ready_at = 'waiting', now
-    if delay > 0 then state, ready_at = 'delayed', now + delay end
+    local state, ready_at = 'waiting', now_text()
+    if delay > 0 then state, ready_at = 'delayed', int_text(now + delay) end
     -- Fields at their defaults are left out (readers default them): a smaller hash is
     -- less memory, and cheaper for every later read and write of it.
-    local fields = {'name', ARGV[b + 2], 'payload', ARGV[b + 3], 'created_at', now, 'state', state,
-      'ready_at', ready_at, 'attempt', 0, 'handler_failure_count', 0, 'stalled_attempt_count', 0}
+    local fields = {'name', ARGV[b + 2], 'payload', ARGV[b + 3], 'created_at', now_text(), 'state', state,
+      'ready_at', ready_at, 'attempt', '0', 'handler_failure_count', '0', 'stalled_attempt_count', '0'}
     if explicit then fields[#fields + 1] = 'explicit_id'; fields[#fields + 1] = nonce end
     if ARGV[b + 5] ~= '0' then fields[#fields + 1] = 'priority'; fields[#fields + 1] = ARGV[b + 5] end
     if ARGV[b + 6] ~= '-1' then fields[#fields + 1] = 'max_retries'; fields[#fields + 1] = ARGV[b + 6] end
@@ -64,7 +64,7 @@ if #ready > 0 then  -- FIFO within a priority band: sequence numbers in offer or
   local seq = redis.call('INCRBY', K_SEQ, #ready) - #ready
   local entries = {}
   for i, id in ipairs(ready) do
-    entries[#entries + 1] = (-ready_prio[i]) * PRIORITY_SPAN + seq + i
+    entries[#entries + 1] = int_text((-ready_prio[i]) * PRIORITY_SPAN + seq + i)
     entries[#entries + 1] = id
   end
   for i = 1, #entries, 1000 do
