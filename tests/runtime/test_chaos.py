@@ -86,8 +86,11 @@ KINDS = ("kill", "stop", "term", "redis", "cut", "hold")
 BEFORE = 1.5
 AFTER = 1.0
 # A direct PING slower than this is a stall of the machine (the AOF's fsync on a busy
-# disk, this process paused): it takes leases away as an injected fault does.
-STALL = 0.5
+# disk, this process paused): it takes leases away as an injected fault does. A lease
+# of LOCK is given up LOCK/10 before its deadline and renewed every LOCK/3, so a renewal
+# has about 0.55 s to come back, less when the acquire reply itself came late; PINGs
+# 0.1 s apart see a block at least 0.1 s shorter than it was.
+STALL = 0.3
 
 
 class ChaosProxy(TcpProxy):
@@ -202,6 +205,7 @@ class Chaos:
         self.slots = [Slot(i, server.port, tmp) for i in range(WORKERS)]
         self.producer_proxy = ChaosProxy(server.port)
         self.faults: list[Fault] = []
+        self.slowest_ping = 0.0  # seconds, of the direct PINGs (watch_stalls)
         self.problems: dict[str, list[str]] = defaultdict(list)
         self.processes: dict[int, WorkerProcess] = {}  # every worker process ever started, by pid
         self.exited_at: dict[int, float] = {}
@@ -330,6 +334,7 @@ class Chaos:
             except Exception:  # noqa: BLE001 - Redis is down: a redis-kill fault covers it
                 continue
             took = time.time() - t0
+            self.slowest_ping = max(self.slowest_ping, took)
             if took > STALL:
                 self.faults.append(Fault("stall", "redis", None, t0, t0 + took, f"PING answered after {took:.2f}s"))
 
@@ -689,7 +694,8 @@ async def test_chaos_seeded_faults_lose_nothing_and_accept_no_stale_ack(make_red
                f"{same_pid_overlaps} overlapping attempts of one task in one process, "
                f"{len(slow_acks)} completions accepted > {2 * LOCK}s after the handler returned {slow_acks[-5:]}, "
                f"{len(held_after_done)} finished attempts whose result was dropped after holding the lease "
-               f"> {2 * LOCK}s {held_after_done[-5:]}; SIGTERM drains took {drains}s (drain timeout {DRAIN}s)")
+               f"> {2 * LOCK}s {held_after_done[-5:]}; SIGTERM drains took {drains}s (drain timeout {DRAIN}s); slowest direct PING "
+               f"{chaos.slowest_ping:.2f}s (a stall above {STALL}s)")
     print(summary, flush=True)
     print("fault timeline:\n" + chaos.timeline(), flush=True)
     assert not chaos.problems, chaos.failure_message(involved) + "\n" + summary
