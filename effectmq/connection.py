@@ -4,6 +4,7 @@ and one place turns redis-py's transport errors into `RedisUnavailable`."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,18 @@ _CODE_OF_CLASS = {cls: code for name, code in (
 ) if (cls := getattr(redis_errors, name, None)) is not None}
 
 
+# redis-py prefixes the error of a pipelined command with the command
+# ("Command # 1 (ZRANGE ...) of pipeline caused error: ('BUSY ...',)"; 5.x without the
+# tuple): the reply's own text follows.
+_PIPELINE_ERROR = re.compile(r"Command # \d+ \(.*\) of pipeline caused error: \(?['\"]?(.*)", re.S)
+
+
+def _reply_text(exc: BaseException) -> str:
+    text = str(exc)
+    annotated = _PIPELINE_ERROR.match(text)
+    return annotated.group(1) if annotated else text
+
+
 def _stripped_code(exc: BaseException) -> str | None:
     """The code of a reply whose text redis-py stripped of it (redis-py 5.x): by its class."""
     for cls in type(exc).__mro__:  # the most derived first: MovedError is an AskError
@@ -76,8 +89,8 @@ def classify_reply(exc: BaseException) -> ReplyClass:
         return ReplyClass("AUTH", False)  # a wrong password stays wrong until the process restarts
     if isinstance(exc, redis_errors.ConnectionError):
         return ReplyClass("CONNECTION", True)
-    code = (getattr(exc, "status_code", None) or _stripped_code(exc)
-            or (str(exc).split(" ", 1)[0] if str(exc) else ""))
+    text = _reply_text(exc)
+    code = getattr(exc, "status_code", None) or _stripped_code(exc) or (text.split(" ", 1)[0] if text else "")
     if not code.isupper():
         code = "ERR"
     return ReplyClass(code, code in RETRYABLE_REPLIES)

@@ -171,3 +171,22 @@ def test_every_reply_class_is_classified(reply, code, retryable):
 
     kind = classify_reply(reply)
     assert (kind.code, kind.retryable) == (code, retryable), (reply, kind)  # the log line names the class
+
+
+@pytest.mark.parametrize("text, code, retryable", [
+    ("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.", "BUSY", True),
+    ("LOADING Redis is loading the dataset in memory", "LOADING", True),
+    ("WRONGTYPE Operation against a key holding the wrong kind of value", "WRONGTYPE", False),
+])
+def test_a_reply_to_a_pipelined_command_is_classified_by_its_own_code(text, code, retryable):
+    """redis-py puts the command in front of a pipelined command's error: a BUSY reply to
+    maintenance's pipeline was taken for ERR and stopped the worker (a CI run of 5178c5f)."""
+    from redis.asyncio.client import Pipeline
+
+    from effectmq.connection import classify_reply
+
+    reply = parsed(text)
+    Pipeline.annotate_exception(None, reply, 1, ["ZRANGE", "{emq:q}:active", "-inf", "1796213196220", "BYSCORE"])
+    assert str(reply).startswith("Command # 1 (ZRANGE"), str(reply)
+    kind = classify_reply(reply)
+    assert (kind.code, kind.retryable) == (code, retryable), (str(reply), kind)
