@@ -128,7 +128,8 @@ async def test_a_delayed_task_starts_when_due_not_at_the_next_poll(make_queue):
             await q.offer("stamp", None, task_id=f"d{i}", delay=0.1)
             await q.wait(f"d{i}", timeout=10)
             late.append(started[f"d{i}"] - (sent + 0.1))
-    assert max(late) < 0.05, f"delayed tasks started late by {[round(x, 3) for x in late]}"
+    # the next poll would be up to 5 s late; 0.5 s leaves room for a loaded CI machine
+    assert max(late) < 0.5, f"delayed tasks started late by {[round(x, 3) for x in late]}"
 
 
 # -- 7. maintenance batch ------------------------------------------------------
