@@ -694,8 +694,8 @@ async def test_chaos_seeded_faults_lose_nothing_and_accept_no_stale_ack(make_red
                f"{same_pid_overlaps} overlapping attempts of one task in one process, "
                f"{len(slow_acks)} completions accepted > {2 * LOCK}s after the handler returned {slow_acks[-5:]}, "
                f"{len(held_after_done)} finished attempts whose result was dropped after holding the lease "
-               f"> {2 * LOCK}s {held_after_done[-5:]}; SIGTERM drains took {drains}s (drain timeout {DRAIN}s); slowest direct PING "
-               f"{chaos.slowest_ping:.2f}s (a stall above {STALL}s)")
+               f"> {2 * LOCK}s {held_after_done[-5:]}; SIGTERM drains took {drains}s (drain timeout {DRAIN}s); "
+               f"slowest direct PING {chaos.slowest_ping:.2f}s (a stall above {STALL}s)")
     print(summary, flush=True)
     print("fault timeline:\n" + chaos.timeline(), flush=True)
     assert not chaos.problems, chaos.failure_message(involved) + "\n" + summary
