@@ -11,6 +11,12 @@ finish within a few turns of the loop, and, while handlers are short (under
 JOIN_WAIT), every attempt in flight that finishes within twice their usual time and
 one round trip of a batch. Otherwise each call would carry a part of the slots for
 ever, and a call's fixed cost is most of its cost.
+
+Longer handlers finish in waves: the leases of one reply start together and, when
+their handlers are alike, finish within a fraction of a millisecond of each other.
+A batch waits for the attempts expected to finish within WAVE_SHARE of the usual
+handler time (at most one round trip), since any that finished just after it would
+wait for its reply anyway; without this, a wave split into two calls and stayed split.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ class LeasesAlong(Protocol):
 MAX_BATCH = 256
 JOIN_TURNS = 3  # a handler with no I/O reaches complete() in two turns of the loop
 JOIN_WAIT = 0.004  # seconds: handlers shorter than this are waited for, at most twice their time
+WAVE_SHARE = 0.125  # of the usual handler time: how long a batch waits for the rest of a wave
 
 
 class CompletionBatcher:
@@ -58,6 +65,7 @@ class CompletionBatcher:
         self._flusher: asyncio.Task | None = None
         self._started: set[str] = set()  # tokens of the attempts the last reply started
         self._started_at = 0.0
+        self._running: dict[str, float] = {}  # token -> when its attempt started (monotonic)
         self._joined = asyncio.Event()  # a completion arrived
         self.handler_time = JOIN_WAIT  # a moving average of their time to completion
         self.call_time = 0.0  # a moving average of a batch's round trip
@@ -67,16 +75,35 @@ class CompletionBatcher:
         when the batch's outcome is unknown (safe to send again)."""
         future = asyncio.get_running_loop().create_future()
         self._pending.append((lease, result_json, future))
-        if lease.token in self._started:
-            self._started.discard(lease.token)
-            self.handler_time += (time.monotonic() - self._started_at - self.handler_time) / 8
+        self._started.discard(lease.token)
+        started = self._running.pop(lease.token, None)
+        if started is not None:
+            self.handler_time += (time.monotonic() - started - self.handler_time) / 8
         self._joined.set()
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         return await future
 
+    def started(self, leases: list["Lease"]) -> None:
+        """Attempts that began now (their handlers' time is measured from here)."""
+        now = time.monotonic()
+        self._forget_overdue(now)
+        for lease in leases:
+            self._running[lease.token] = now
+
+    def _wave_window(self) -> float:
+        return min(self.call_time, WAVE_SHARE * self.handler_time)
+
+    def _forget_overdue(self, now: float) -> None:
+        """Attempts far past the usual time are not expected soon (or ended otherwise:
+        failed, released, never started)."""
+        oldest = now - self._wave_window() - self.handler_time
+        for token in [token for token, started in self._running.items() if started < oldest]:
+            del self._running[token]
+
     async def _flush(self) -> None:
         while self._pending:
+            await self._wait_for_wave()
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
             # Bounded by the batch's earliest lease: a hung connection must not hold every
             # later completion (the waiters resend, with the same tokens, while they may).
@@ -96,6 +123,7 @@ class CompletionBatcher:
                         along.returned(want - len(batch))
                     self._started = {lease.token for lease in leases}
                     self._started_at = time.monotonic()
+                    self.started(leases)
                     self.call_time += (self._started_at - sent - self.call_time) / 8
                     along.start(leases)
                 else:
@@ -113,6 +141,21 @@ class CompletionBatcher:
                     future.set_result(code)
             if leases:
                 await self._join_started()
+
+    async def _wait_for_wave(self) -> None:
+        """Let the attempts expected to finish soon join the batch about to go (module docstring)."""
+        window = self._wave_window()
+        if window <= 0 or not self._running:
+            return
+        now = time.monotonic()
+        self._forget_overdue(now)
+        deadline = now + window
+        while (left := deadline - time.monotonic()) > 0 and any(
+                started + self.handler_time <= deadline for started in self._running.values()):
+            self._joined.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._joined.wait()
 
     async def _join_started(self) -> None:
         """Let the attempts the last reply started join the next batch (module docstring)."""

@@ -300,6 +300,7 @@ class Worker:
                 backoff = min(backoff * 2, BACKOFF_LIMIT)
                 continue
             self._asking -= free
+            self._completions.started(leases)
             if not self._run_leases(leases):
                 break
             if len(leases) < free:

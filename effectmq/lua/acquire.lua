@@ -22,8 +22,8 @@ Returns: {now, deadline, next_due, status, ready, due, outcomes, leases...}
   next_due: -1 = no delayed task
   status: "ok" | "paused" | "limited" (max_active reached)
   ready: at most `peek` waiting ids for this caller's next call: the candidates it did
-  not need, then those after the ids the last other caller was named (so competing
-  workers declare different ids), else from the head; due: delayed ids due now. Both
+  not need, then those after the ids the last caller was named (so competing workers
+  declare different ids), else from the head; due: delayed ids due now. Both
   empty when status is not ok. outcomes: one per completion, as complete.lua's.
 leases...: 10 values each: id, token, attempt, name, payload, handler_failure_count,
   stalled_attempt_count, max_retries, options, priority
@@ -66,11 +66,12 @@ end
 local head = redis.call('ZRANGE', K_WAITING, 0, 0, 'WITHSCORES')
 local band = head[2] and (math.floor(tonumber(head[2]) / PRIORITY_SPAN) + 1) * PRIORITY_SPAN
 
--- K_PEEKED holds "token_prefix score" of the last waiting id a reply named.
+-- K_PEEKED holds "token_prefix score" of the last waiting id a reply named (the caller
+-- is no longer read; it is still written for workers of an older version).
 local last = redis.call('GET', K_PEEKED)
-local last_caller, last_text, last_score  -- the score as Redis wrote it, and as a number
+local last_text, last_score  -- the score as Redis wrote it, and as a number
 if last then
-  last_caller, last_text = string.match(last, '^(%S+) (%S+)$')
+  last_text = string.match(last, '^%S+ (%S+)$')
   last_score = tonumber(last_text)
 end
 
@@ -119,9 +120,10 @@ if #taking > 0 then
   if #leased > 0 then redis.call('ZADD', K_ACTIVE, unpack(leased)) end
 end
 
--- Name the next ids: the candidates left over, then after the ids another caller was
--- named last while they are near the head and in its band (else they were named but
--- never leased, or a task of higher priority came): from the head.
+-- Name the next ids: the candidates left over, then after the ids the last caller was
+-- named while they are near the head and in its band (else they were named but never
+-- leased, or a task of higher priority came): from the head. Also when that caller was
+-- this one: from the head it would be named the ids another caller holds, and take them.
 local peek = tonumber(ARGV[6])
 local named, listed = out[5], {}
 for i = count + 1, math.min(#picks, count + peek) do
@@ -130,7 +132,7 @@ for i = count + 1, math.min(#picks, count + peek) do
 end
 if #named < peek then
   local from = '-inf'
-  if last_score and last_caller ~= ARGV[3] and band and last_score < band
+  if last_score and band and last_score < band
       and redis.call('ZCOUNT', K_WAITING, '-inf', last_text) < window then
     from = '(' .. last_text
   end

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 import effectmq
 from effectmq.errors import TaskError
-from tests.support.inprocess import drain
+from tests.support.inprocess import drain, make_worker, running
 
 
 def calls(client, command: str | None = None) -> int:
@@ -112,6 +112,40 @@ async def test_a_busy_worker_settles_its_slots_in_few_calls(make_redis):
     finally:
         await q.close()
 
+
+
+async def test_competing_workers_with_10ms_handlers_settle_a_whole_wave_per_call(make_redis):
+    # Two workers of 10 slots, 10 ms handlers: when another worker took some of the ids
+    # a call declared, the reply came short and the acquire loop leased the rest in a call
+    # of its own, so each worker ran two waves of about 5 that never merged again: about
+    # 7 tasks per call, where 10 are there to be settled. Now a call declares twice the
+    # ids it wants, and a batch waits for the attempts about to finish.
+    server = make_redis()
+    admin = server.client()
+    queues = [effectmq.TaskQueue("waves", url=server.url, retention_completed=0) for _ in range(2)]
+    tasks = 2000
+    seen = 0
+    done = asyncio.Event()
+
+    async def job(payload):
+        nonlocal seen
+        await asyncio.sleep(0.01)
+        seen += 1
+        if seen == tasks:
+            done.set()
+
+    try:
+        await queues[0].offer_many([("job", i) for i in range(tasks)])
+        before = calls(admin, "evalsha")
+        async with running(make_worker(queues[0], {"job": job}, concurrency=10, maintenance_interval=5.0)), \
+                running(make_worker(queues[1], {"job": job}, concurrency=10, maintenance_interval=5.0)):
+            await asyncio.wait_for(done.wait(), 60)
+            per_task = (calls(admin, "evalsha") - before) / tasks
+        print(f"script calls per task {per_task:.3f}")
+        assert per_task <= 0.12, per_task
+    finally:
+        for q in queues:
+            await q.close()
 
 async def test_oldest_waiting_age_comes_from_the_head_of_each_priority_band(make_queue):
     q = make_queue("ages")
