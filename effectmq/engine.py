@@ -221,10 +221,10 @@ class LeaseEngine:
     async def _acquire_once(self, want: int, lt: float,
                             completions: Sequence[protocol.Completion] = ()) -> tuple[protocol.AcquireReply, list[Lease]]:
         peek = self._peek()
-        # As many spare: the script leases the first still waiting, so ids another
+        # Some spare: the script leases the first still waiting, so ids another
         # process took meanwhile cost no call (a short reply splits a worker's slots
-        # into waves that each cost a call).
-        candidates = self._ready[:2 * want] + self._due if want else []
+        # into waves that each cost a call). Twice as many cost more than they save.
+        candidates = self._ready[:want + (want + 1) // 2] + self._due if want else []
         sent = time.monotonic()
         reply = await self.scripts.run(protocol.AcquireArgs(
             want, ms(lt), self.token_prefix, self.queue.promote_batch, window=ACQUIRE_WINDOW * peek, peek=peek,

@@ -118,8 +118,8 @@ async def test_competing_workers_with_10ms_handlers_settle_a_whole_wave_per_call
     # Two workers of 10 slots, 10 ms handlers: when another worker took some of the ids
     # a call declared, the reply came short and the acquire loop leased the rest in a call
     # of its own, so each worker ran two waves of about 5 that never merged again: about
-    # 7 tasks per call, where 10 are there to be settled. Now a call declares twice the
-    # ids it wants, and a batch waits for the attempts about to finish.
+    # 6 tasks per call, where 10 are there to be settled. Now a worker is not named the
+    # ids another holds, and a batch waits for the attempts about to finish.
     server = make_redis()
     admin = server.client()
     queues = [effectmq.TaskQueue("waves", url=server.url, retention_completed=0) for _ in range(2)]
@@ -142,7 +142,7 @@ async def test_competing_workers_with_10ms_handlers_settle_a_whole_wave_per_call
             await asyncio.wait_for(done.wait(), 60)
             per_task = (calls(admin, "evalsha") - before) / tasks
         print(f"script calls per task {per_task:.3f}")
-        assert per_task <= 0.12, per_task
+        assert per_task <= 0.13, per_task  # was 0.164-0.193
     finally:
         for q in queues:
             await q.close()
