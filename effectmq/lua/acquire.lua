@@ -81,19 +81,38 @@ end
 -- that learnt of some tasks only (its own offers) leases in exact head order.
 local is_candidate = {}
 for _, id in ipairs(candidates) do is_candidate[id] = true end
-local picks = {}
+local picks, pick_scores = {}, {}  -- ids and their scores, sorted by score below
+local SORT_INLINE = 64  -- picks sorted inline at most: 2,016 comparisons in reverse order
 if head[2] and (is_candidate[head[1]] or (last_score and tonumber(head[2]) <= last_score)) then
   local limit = band
   local edge = redis.call('ZRANGE', K_WAITING, window - 1, window - 1, 'WITHSCORES')
   if edge[2] and tonumber(edge[2]) < limit then limit = tonumber(edge[2]) + 1 end
   for i, id in ipairs(candidates) do
     local score = scores[i]
-    if score and score < limit then picks[#picks + 1] = {score, id} end
+    if score and score < limit then
+      picks[#picks + 1] = id
+      pick_scores[#picks] = score
+    end
   end
 end
-table.sort(picks, function(a, b) return a[1] < b[1] end)
+-- Candidates come in head order unless offers or wakes were named since: an insertion
+-- sort costs one comparison per id then, table.sort a Lua call per comparison.
+if #picks <= SORT_INLINE then
+  for i = 2, #picks do
+    local id, score, j = picks[i], pick_scores[i], i - 1
+    while j >= 1 and pick_scores[j] > score do
+      picks[j + 1], pick_scores[j + 1] = picks[j], pick_scores[j]
+      j = j - 1
+    end
+    picks[j + 1], pick_scores[j + 1] = id, score
+  end
+else
+  local score_of = {}
+  for i, id in ipairs(picks) do score_of[id] = pick_scores[i] end
+  table.sort(picks, function(a, b) return score_of[a] < score_of[b] end)
+end
 local taking = {}
-for i = 1, math.min(count, #picks) do taking[i] = picks[i][2] end
+for i = 1, math.min(count, #picks) do taking[i] = picks[i] end
 if #taking > 0 then
   redis.call('ZREM', K_WAITING, unpack(taking))
   local seq = redis.call('INCRBY', K_SEQ, #taking) - #taking  -- one sequence number per lease token
@@ -127,8 +146,8 @@ end
 local peek = tonumber(ARGV[6])
 local named, listed = out[5], {}
 for i = count + 1, math.min(#picks, count + peek) do
-  named[#named + 1] = picks[i][2]
-  listed[picks[i][2]] = true
+  named[#named + 1] = picks[i]
+  listed[picks[i]] = true
 end
 if #named < peek then
   local from = '-inf'

@@ -12,7 +12,10 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 import effectmq
+from effectmq import protocol
 from tests.support.inprocess import drain
 
 
@@ -152,3 +155,15 @@ async def test_ids_learnt_from_own_offers_never_pass_older_tasks(make_queue):
     await mine.offer("job", 2, task_id="newer")
     first, second = await mine.acquire(), await mine.acquire()
     assert (first.task_id, second.task_id) == ("older", "newer")
+
+
+@pytest.mark.parametrize("count", [20, 100])  # sorted inline; by table.sort (over 64)
+async def test_candidates_declared_out_of_order_are_leased_in_head_order(make_queue, count):
+    q = make_queue(f"order-{count}")
+    ids = [f"t{i:03d}" for i in range(count)]
+    for i, task_id in enumerate(ids):
+        await q.offer("job", i, task_id=task_id)
+    shuffled = ids[1::2][::-1] + ids[::2]  # the head among them, nothing in order
+    reply = await q.engine.scripts.run(protocol.AcquireArgs(
+        count, 30_000, "test", 10, window=1000, peek=16, candidates=shuffled))
+    assert [lease.values["id"] for lease in reply.leases] == ids
