@@ -373,8 +373,11 @@ local function complete_each(first, retention)
     if key then
       done[#done + 1] = id
       emit('completed', id)
-      settle(id, key, 'completed', K_COMPLETED, retention, now,
-        {'result', ARGV[i + 2], 'last_token', token, 'last_outcome', OUTCOME_COMPLETED},
+      local kept = nil  -- the fields of a record that is kept (built only then)
+      if retention ~= 0 then
+        kept = {'result', ARGV[i + 2], 'last_token', token, 'last_outcome', OUTCOME_COMPLETED}
+      end
+      settle(id, key, 'completed', K_COMPLETED, retention, now, kept,
         {st[4], token, '1', st[3]})  -- '1': OUTCOME_COMPLETED as text
       outcomes[#outcomes + 1] = OUTCOME_COMPLETED
     else
