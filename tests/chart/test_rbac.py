@@ -133,6 +133,9 @@ def test_cluster_wide_operator_under_the_chart_service_account(kube_control_plan
 
         # Idle -> back to zero after the cooldown.
         wait_for(lambda: replicas() == 0, timeout=40, what="scaled to zero")
+    except AssertionError:  # what the operator saw, for a failure CI could not repeat
+        print("operator log (its end):\n" + operator.log())
+        raise
     finally:
         for worker in workers:
             worker.stop()
