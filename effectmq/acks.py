@@ -65,7 +65,8 @@ class CompletionBatcher:
         self._flusher: asyncio.Task | None = None
         self._started: set[str] = set()  # tokens of the attempts the last reply started
         self._started_at = 0.0
-        self._running: dict[str, float] = {}  # token -> when its attempt started (monotonic)
+        # token -> when its attempt started (monotonic), oldest first: insertion order
+        self._running: dict[str, float] = {}
         self._joined = asyncio.Event()  # a completion arrived
         self.handler_time = JOIN_WAIT  # a moving average of their time to completion
         self.call_time = 0.0  # a moving average of a batch's round trip
@@ -98,8 +99,11 @@ class CompletionBatcher:
         """Attempts far past the usual time are not expected soon (or ended otherwise:
         failed, released, never started)."""
         oldest = now - self._wave_window() - self.handler_time
-        for token in [token for token, started in self._running.items() if started < oldest]:
-            del self._running[token]
+        while self._running and self._first_start() < oldest:
+            del self._running[next(iter(self._running))]
+
+    def _first_start(self) -> float:
+        return next(iter(self._running.values()))
 
     async def _flush(self) -> None:
         while self._pending:
@@ -150,8 +154,9 @@ class CompletionBatcher:
         now = time.monotonic()
         self._forget_overdue(now)
         deadline = now + window
-        while (left := deadline - time.monotonic()) > 0 and any(
-                started + self.handler_time <= deadline for started in self._running.values()):
+        # The attempt that started first is the first expected.
+        while (left := deadline - time.monotonic()) > 0 and self._running and \
+                self._first_start() + self.handler_time <= deadline:
             self._joined.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):
