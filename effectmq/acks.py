@@ -69,6 +69,7 @@ class CompletionBatcher:
         self._running: dict[str, float] = {}
         self._joined = asyncio.Event()  # a completion arrived
         self.handler_time = JOIN_WAIT  # a moving average of their time to completion
+        self._pending_time = 0.0  # the longest time to completion among those pending
         self.call_time = 0.0  # a moving average of a batch's round trip
 
     async def complete(self, lease: "Lease", result_json: str) -> int:
@@ -79,7 +80,9 @@ class CompletionBatcher:
         self._started.discard(lease.token)
         started = self._running.pop(lease.token, None)
         if started is not None:
-            self.handler_time += (time.monotonic() - started - self.handler_time) / 8
+            took = time.monotonic() - started
+            self._pending_time = max(self._pending_time, took)
+            self.handler_time += (took - self.handler_time) / 8
         self._joined.set()
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
@@ -98,17 +101,23 @@ class CompletionBatcher:
     def _forget_overdue(self, now: float) -> None:
         """Attempts far past the usual time are not expected soon (or ended otherwise:
         failed, released, never started)."""
-        oldest = now - self._wave_window() - self.handler_time
+        oldest = now - self._wave_window() - self._expected_time()
         while self._running and self._first_start() < oldest:
             del self._running[next(iter(self._running))]
 
     def _first_start(self) -> float:
         return next(iter(self._running.values()))
 
+    def _expected_time(self) -> float:
+        """How long an attempt in flight is expected to take: the usual time, or that of
+        the completions about to go when longer (a wave late as a whole is still one)."""
+        return max(self.handler_time, self._pending_time)
+
     async def _flush(self) -> None:
         while self._pending:
             await self._wait_for_wave()
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            self._pending_time = 0.0
             # Bounded by the batch's earliest lease: a hung connection must not hold every
             # later completion (the waiters resend, with the same tokens, while they may).
             left = max(0.01, min(lease.confirmed_until for lease, _, _ in batch) - time.monotonic())
@@ -156,7 +165,7 @@ class CompletionBatcher:
         deadline = now + window
         # The attempt that started first is the first expected.
         while (left := deadline - time.monotonic()) > 0 and self._running and \
-                self._first_start() + self.handler_time <= deadline:
+                self._first_start() + self._expected_time() <= deadline:
             self._joined.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):

@@ -147,6 +147,30 @@ async def test_competing_workers_with_10ms_handlers_settle_a_whole_wave_per_call
         for q in queues:
             await q.close()
 
+
+async def test_a_batch_waits_for_a_wave_at_most_a_round_trip(make_queue):
+    # A batch waits for the attempts expected to finish soon: "slow" started with "quick",
+    # so it is expected with it; it must not hold quick's completion for its 2 s. (With
+    # the wait unbounded this fails; it passed then too while a wave a little later than
+    # the usual time was not waited for at all.)
+    q = make_queue("wave-bound", retention_completed=10)
+    ended: dict[str, float] = {}
+
+    async def job(payload):
+        await asyncio.sleep(payload["s"])
+        ended[payload["id"]] = time.monotonic()
+
+    # Four waves of 10 set the usual time; the reply after them leases both at once.
+    warm = [("job", {"s": 0.01, "id": f"warm{i}"}) for i in range(40)]
+    await q.offer_many([*warm, ("job", {"s": 0.01, "id": "quick"}, {"task_id": "quick"}),
+                        ("job", {"s": 2.0, "id": "slow"}, {"task_id": "slow"})])
+    async with running(make_worker(q, {"job": job}, concurrency=10)):
+        await q.wait("quick", timeout=10)
+        acknowledged = time.monotonic()
+        assert (await q.get("slow")).state == "active"
+        assert acknowledged - ended["quick"] < 0.5  # not held for the slow one (2 s)
+
+
 async def test_oldest_waiting_age_comes_from_the_head_of_each_priority_band(make_queue):
     q = make_queue("ages")
     await q.offer("job", 1, task_id="old-low", priority=-5)
