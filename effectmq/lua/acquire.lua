@@ -37,7 +37,7 @@ local lock_timeout = meta_num('lock_timeout_ms', ARGV[2])
 local deadline = now + lock_timeout
 local out = {now, deadline, 0, 'ok'}
 out[5], out[6], out[7] = {}, {}, outcomes
-local candidates = declared_ids((#ARGV - 7) / 3)
+local candidates, key_of = declared_ids((#ARGV - 7) / 3)
 -- Each waiting candidate's score (a due one promoted first).
 local scores = {}
 if #candidates > 0 then scores = redis.call('ZMSCORE', K_WAITING, unpack(candidates)) end
@@ -63,7 +63,7 @@ if max_active > 0 then
 end
 
 -- The end of the head's priority band (scores below it share the head's priority).
-local head = redis.call('ZRANGE', K_WAITING, 0, 0, 'WITHSCORES')
+local head = redis.call('ZRANGE', K_WAITING, '0', '0', 'WITHSCORES')
 local band = head[2] and (math.floor(tonumber(head[2]) / PRIORITY_SPAN) + 1) * PRIORITY_SPAN
 
 -- K_PEEKED holds "token_prefix score" of the last waiting id a reply named (the caller
@@ -79,13 +79,12 @@ end
 -- pass over tasks they do not include only when the head was named to some caller
 -- (workers compete for the head); else the head must be one of them, so that a caller
 -- that learnt of some tasks only (its own offers) leases in exact head order.
-local is_candidate = {}
-for _, id in ipairs(candidates) do is_candidate[id] = true end
 local picks, pick_scores = {}, {}  -- ids and their scores, sorted by score below
 local SORT_INLINE = 64  -- picks sorted inline at most: 2,016 comparisons in reverse order
-if head[2] and (is_candidate[head[1]] or (last_score and tonumber(head[2]) <= last_score)) then
+if head[2] and (key_of[head[1]] or (last_score and tonumber(head[2]) <= last_score)) then
   local limit = band
-  local edge = redis.call('ZRANGE', K_WAITING, window - 1, window - 1, 'WITHSCORES')
+  local edge_rank = int_text(window - 1)
+  local edge = redis.call('ZRANGE', K_WAITING, edge_rank, edge_rank, 'WITHSCORES')
   if edge[2] and tonumber(edge[2]) < limit then limit = tonumber(edge[2]) + 1 end
   for i, id in ipairs(candidates) do
     local score = scores[i]
@@ -111,28 +110,33 @@ else
   for i, id in ipairs(picks) do score_of[id] = pick_scores[i] end
   table.sort(picks, function(a, b) return score_of[a] < score_of[b] end)
 end
-local taking = {}
-for i = 1, math.min(count, #picks) do taking[i] = picks[i] end
-if #taking > 0 then
-  redis.call('ZREM', K_WAITING, unpack(taking))
-  local seq = redis.call('INCRBY', K_SEQ, #taking) - #taking  -- one sequence number per lease token
+local taking = math.min(count, #picks)  -- the first picks
+if taking > 0 then
+  redis.call('ZREM', K_WAITING, unpack(picks, 1, taking))
+  local seq = redis.call('INCRBY', K_SEQ, int_text(taking)) - taking  -- one sequence number per lease token
   local leased = {}  -- deadline, id pairs for the active index
   local deadline_text = int_text(deadline)  -- formatted once, as now_text()
-  for i, id in ipairs(taking) do
-    local key = task_key(id)
+  local n = #out
+  local attempt_was, attempt, attempt_text  -- the last attempt field read and what follows it
+  for i = 1, taking do
+    local id = picks[i]
+    local key = key_of[id]
     local f = redis.call('HMGET', key, 'name', 'payload', 'handler_failure_count',
       'stalled_attempt_count', 'max_retries', 'options', 'priority', 'attempt')
     if f[1] then  -- every record has a name; none: the record is gone
-      local attempt = (tonumber(f[8]) or 0) + 1
+      if f[8] ~= attempt_was then  -- most tasks of a call share it (a fresh task has '0')
+        attempt_was = f[8]
+        attempt = (tonumber(f[8]) or 0) + 1
+        attempt_text = int_text(attempt)
+      end
       local token = ARGV[3] .. ':' .. int_text(seq + i)
       redis.call('HSET', key, 'state', 'active', 'token', token, 'lock_until', deadline_text, 'started_at', now_text(),
-        'attempt', int_text(attempt))
+        'attempt', attempt_text)
       leased[#leased + 1] = deadline_text
       leased[#leased + 1] = id
-      out[#out + 1] = id
-      out[#out + 1] = token
-      out[#out + 1] = attempt
-      for j = 1, 7 do out[#out + 1] = f[j] end
+      out[n + 1], out[n + 2], out[n + 3] = id, token, attempt
+      for j = 1, 7 do out[n + 3 + j] = f[j] end
+      n = n + 10
       emit('active', id, 'attempt', attempt)
     end
   end
@@ -155,9 +159,9 @@ if #named < peek then
       and redis.call('ZCOUNT', K_WAITING, '-inf', last_text) < window then
     from = '(' .. last_text
   end
-  local fresh = redis.call('ZRANGE', K_WAITING, from, '+inf', 'BYSCORE', 'LIMIT', 0, peek - #named)
+  local fresh = redis.call('ZRANGE', K_WAITING, from, '+inf', 'BYSCORE', 'LIMIT', '0', int_text(peek - #named))
   if #fresh == 0 and from ~= '-inf' then
-    fresh = redis.call('ZRANGE', K_WAITING, '-inf', '+inf', 'BYSCORE', 'LIMIT', 0, peek - #named)
+    fresh = redis.call('ZRANGE', K_WAITING, '-inf', '+inf', 'BYSCORE', 'LIMIT', '0', int_text(peek - #named))
   end
   for i = 1, #fresh do
     if not listed[fresh[i]] then named[#named + 1] = fresh[i] end
@@ -168,6 +172,6 @@ if #named < peek then
 end
 out[3] = next_due()
 if out[3] >= 0 and out[3] <= now then  -- some delayed tasks are due: name them
-  out[6] = redis.call('ZRANGE', K_DELAYED, '-inf', now, 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[4]))
+  out[6] = redis.call('ZRANGE', K_DELAYED, '-inf', now_text(), 'BYSCORE', 'LIMIT', '0', ARGV[4])
 end
 return finish(out)

@@ -57,19 +57,20 @@ local K_DEDUP, K_META, K_EVENTS, K_SEQ, K_MINUTES = KEYS[8], KEYS[9], KEYS[10], 
 local K_WORKERS, K_SETTLED, K_WAITERS, K_PEEKED = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 local QUEUE_KEYS = 16  -- KEYS after these are task hashes
 local TASK_PREFIX = BASE .. 't:'
-local DECLARED = {}  -- the declared task hashes
-for i = QUEUE_KEYS + 1, #KEYS do DECLARED[KEYS[i]] = true end
+local DECLARED = nil  -- the declared task hashes, a set built on the first lookup
 
--- The ids of the declared task hashes, in KEYS order, each once (after the first `skip`).
+-- The ids of the declared task hashes, in KEYS order, each once (after the first `skip`),
+-- and their keys by id.
 local function declared_ids(skip)
-  local ids, seen = {}, {}
+  local ids, key_of = {}, {}
   for i = QUEUE_KEYS + 1 + (skip or 0), #KEYS do
-    if not seen[KEYS[i]] then
-      seen[KEYS[i]] = true
-      ids[#ids + 1] = string.sub(KEYS[i], #TASK_PREFIX + 1)
+    local id = string.sub(KEYS[i], #TASK_PREFIX + 1)
+    if not key_of[id] then
+      key_of[id] = KEYS[i]
+      ids[#ids + 1] = id
     end
   end
-  return ids
+  return ids, key_of
 end
 
 -- How an attempt settled (protocol.Outcome); 0 = not settled by that token (lease lost).
@@ -105,6 +106,10 @@ end
 -- The task hash of `id`, which the caller must have declared in KEYS.
 local function task_key(id)
   local key = TASK_PREFIX .. id
+  if DECLARED == nil then
+    DECLARED = {}
+    for i = QUEUE_KEYS + 1, #KEYS do DECLARED[KEYS[i]] = true end
+  end
   if not DECLARED[key] then error({err = 'ERR undeclared task key ' .. key}) end
   return key
 end
@@ -162,12 +167,12 @@ local function flush_counts()
   local c, f = settled_counts['completed'] or 0, settled_counts['failed'] or 0
   if c == 0 and f == 0 then return end
   local minute = math.floor(now_ms() / 60000)
-  local slot = minute % MINUTE_SLOTS
-  if tonumber(redis.call('HGET', K_MINUTES, 'm:' .. slot)) == minute then
-    if c > 0 then redis.call('HINCRBY', K_MINUTES, 'c:' .. slot, c) end
-    if f > 0 then redis.call('HINCRBY', K_MINUTES, 'f:' .. slot, f) end
+  local slot, minute_text = int_text(minute % MINUTE_SLOTS), int_text(minute)
+  if redis.call('HGET', K_MINUTES, 'm:' .. slot) == minute_text then
+    if c > 0 then redis.call('HINCRBY', K_MINUTES, 'c:' .. slot, int_text(c)) end
+    if f > 0 then redis.call('HINCRBY', K_MINUTES, 'f:' .. slot, int_text(f)) end
   else
-    redis.call('HSET', K_MINUTES, 'm:' .. slot, minute, 'c:' .. slot, c, 'f:' .. slot, f)
+    redis.call('HSET', K_MINUTES, 'm:' .. slot, minute_text, 'c:' .. slot, int_text(c), 'f:' .. slot, int_text(f))
   end
   settled_counts = {}
 end
@@ -239,17 +244,26 @@ local function flush_adds()
 end
 
 -- Drop a task record; an explicit id stays reserved in the dedup index, and the last
--- settlement's outcome stays known to a resent acknowledgement for a while. `known`:
--- {explicit_id, last_token, last_outcome, lock_until} when the caller has them.
-local function forget(id, key, now, known)
-  local f = known or redis.call('HMGET', key, 'explicit_id', 'last_token', 'last_outcome', 'lock_until')
-  if f[1] then  -- explicit_id: '1', or the nonce of the offer that created it
+-- settlement's outcome stays known to a resent acknowledgement for a while. `lease`:
+-- owned()'s {state, token, lock_until, explicit_id} when that token settles the task now
+-- with `outcome` (text); without them both are read from the record.
+local resend_was, resend_text  -- the last resend deadline, and as text
+local function forget(id, key, now, lease, outcome)
+  local f = lease
+  if f == nil then
+    f = redis.call('HMGET', key, 'state', 'last_token', 'lock_until', 'explicit_id', 'last_outcome')
+    outcome = f[5]
+  end
+  if f[4] then  -- explicit_id: '1', or the nonce of the offer that created it
     local reserved_until = now + meta_num('dedup_window_ms', DEFAULTS.dedup_window_ms)
     zadd_later(K_DEDUP, int_text(reserved_until), id)
   end
-  local resend_until = (tonumber(f[4]) or 0) + SETTLED_SLACK_MS
-  if f[2] and f[2] ~= '' and f[3] and resend_until > now then  -- a resend may still come
-    zadd_later(K_SETTLED, int_text(resend_until), f[3] .. ':' .. f[2])
+  local resend_until = (tonumber(f[3]) or 0) + SETTLED_SLACK_MS
+  if f[2] and f[2] ~= '' and outcome and resend_until > now then  -- a resend may still come
+    if resend_until ~= resend_was then  -- leases of one call share their deadline
+      resend_was, resend_text = resend_until, int_text(resend_until)
+    end
+    zadd_later(K_SETTLED, resend_text, outcome .. ':' .. f[2])
   end
   redis.call('DEL', key)
 end
@@ -288,16 +302,16 @@ local anybody_waits = nil
 
 -- Move a task into a terminal state and its retention index; wake its waiters, if any
 -- (a PUBLISH reaches every node of a cluster: none is sent when nobody waits). `extra`:
--- more field/value pairs for the same HSET; `known`: as for forget. A record kept for
--- 0 ms is deleted at once, with nothing written to it first.
-local function settle(id, key, state, index_key, retention_ms, now, extra, known)
+-- more field/value pairs for the same HSET; `lease`, `outcome`: as for forget. A record
+-- kept for 0 ms is deleted at once, with nothing written to it first.
+local function settle(id, key, state, index_key, retention_ms, now, extra, lease, outcome)
   count_settled(state)
   if anybody_waits == nil then anybody_waits = redis.call('EXISTS', K_WAITERS) == 1 end
   if anybody_waits and redis.call('ZREM', K_WAITERS, id) == 1 then
     redis.call('PUBLISH', BASE .. 'done:' .. id, state)
   end
   if retention_ms == 0 then
-    forget(id, key, now, known)
+    forget(id, key, now, lease, outcome)
     return
   end
   local fields = {'state', state, 'finished_at', now_text(), 'token', ''}
@@ -318,12 +332,16 @@ local function finish(reply)
 end
 
 -- Is the caller the current owner, with a lease that has not run out by Redis time?
--- Returns the task key when it is, and {state, token, lock_until, explicit_id}.
-local function owned(id, token, now)
-  local key = task_key(id)
+-- Returns the task key when it is, and {state, token, lock_until (a number), explicit_id}.
+local function owned(id, token, now, key)
+  key = key or task_key(id)
   local st = redis.call('HMGET', key, 'state', 'token', 'lock_until', 'explicit_id')
-  if st[1] == 'active' and st[2] == token and token ~= '' and tonumber(st[3]) >= now then
-    return key, st
+  if st[1] == 'active' and st[2] == token and token ~= '' then
+    local lock_until = tonumber(st[3])
+    if lock_until and lock_until >= now then
+      st[3] = lock_until
+      return key, st
+    end
   end
   return nil
 end
@@ -357,7 +375,7 @@ local function promote_if_due(id, now)
 end
 
 local function next_due()
-  local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', K_DELAYED, '0', '0', 'WITHSCORES')
   if first[2] then return tonumber(first[2]) end
   return -1
 end
@@ -369,7 +387,7 @@ local function complete_each(first, retention)
   local outcomes, done = {}, {}
   for i = first, #ARGV, 3 do
     local id, token = ARGV[i], ARGV[i + 1]
-    local key, st = owned(id, token, now)
+    local key, st = owned(id, token, now, KEYS[QUEUE_KEYS + (i - first) / 3 + 1])
     if key then
       done[#done + 1] = id
       emit('completed', id)
@@ -377,8 +395,7 @@ local function complete_each(first, retention)
       if retention ~= 0 then
         kept = {'result', ARGV[i + 2], 'last_token', token, 'last_outcome', OUTCOME_COMPLETED}
       end
-      settle(id, key, 'completed', K_COMPLETED, retention, now, kept,
-        {st[4], token, '1', st[3]})  -- '1': OUTCOME_COMPLETED as text
+      settle(id, key, 'completed', K_COMPLETED, retention, now, kept, st, '1')  -- '1': OUTCOME_COMPLETED as text
       outcomes[#outcomes + 1] = OUTCOME_COMPLETED
     else
       outcomes[#outcomes + 1] = outcome_of(id, token)
