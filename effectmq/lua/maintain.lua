@@ -69,11 +69,17 @@ if #ready > 0 then wake(ready) elseif dead > 0 then freed_slot() end
 
 -- Reserved ids whose dedup window ended, remembered settlements and waiters past their time.
 local ended = 0
+-- Removed by rank or score, not read: their members are not needed here.
 for _, index in ipairs({K_DEDUP, K_SETTLED, K_WAITERS}) do
-  local old = redis.call('ZRANGE', index, '-inf', now, 'BYSCORE', 'LIMIT', 0, batch)
-  if #old == batch then more = 1 end
-  zrem_all(index, old)
-  ended = ended + #old
+  local due = redis.call('ZCOUNT', index, '-inf', now_text())
+  if due >= batch then
+    more = 1
+    redis.call('ZREMRANGEBYRANK', index, '0', int_text(batch - 1))  -- the lowest scores: all due
+    ended = ended + batch
+  elseif due > 0 then
+    redis.call('ZREMRANGEBYSCORE', index, '-inf', now_text())
+    ended = ended + due
+  end
 end
 
 return finish({recovered, dead, promoted, forgotten, ended, more})

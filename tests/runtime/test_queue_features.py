@@ -43,6 +43,23 @@ async def test_dedup_reservation_ends_with_its_window(make_queue):
     assert (await q.offer("x", None, task_id="w")).created
 
 
+async def test_reservations_end_in_bounded_batches_lowest_first(make_queue):
+    q = make_queue("reserved", retention_completed=0)
+    for window, ids in ((0.1, range(7)), (60, range(7, 10))):
+        await q.configure(dedup_window=window)
+        await q.offer_many([("x", i, {"task_id": f"d{i}"}) for i in ids])
+        leases, _ = await q.acquire_many(len(ids))
+        await q.engine.complete_many([(lease, "null") for lease in leases])
+    await asyncio.sleep(0.15)
+    first = await q.maintain(batch=5)
+    second = await q.maintain(batch=5)
+    assert (first.expired_reservations, first.more) == (5, True)
+    assert (second.expired_reservations, second.more) == (2, False)
+    kept = await q.redis.zrange(q.keys.key("dedup"), 0, -1)
+    assert sorted(kept) == [b"d7", b"d8", b"d9"] or sorted(kept) == ["d7", "d8", "d9"]
+    assert not (await q.offer("x", 0, task_id="d9")).created
+
+
 async def test_retention_expires_records_in_bounded_batches(make_queue):
     q = make_queue("retention", retention_completed=0.1)
     await q.offer_many([("x", i, {"task_id": f"r{i}"}) for i in range(7)])
