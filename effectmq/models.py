@@ -171,7 +171,7 @@ def parse_task(task_id: str, fields: "RawFields | dict[str, str]") -> TaskInfo:
         options=options if isinstance(options, dict) else {},
         attempts=_attempts(attempts),
         created_at=_ms_to_datetime(h.get("created_at")),
-        ready_at=_ms_to_datetime(h.get("ready_at")),
+        ready_at=_ms_to_datetime(h.get("ready_at") or h.get("created_at")),  # the same until they differ
         started_at=_ms_to_datetime(h.get("started_at")),
         finished_at=_ms_to_datetime(h.get("finished_at")),
         lease_deadline=_ms_to_datetime(h.get("lock_until")),

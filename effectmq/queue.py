@@ -351,9 +351,9 @@ class TaskQueue(OwnsConnection):
             with self._redis_errors:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for task_id in r.heads:
-                        pipe.hmget(self.keys.task(task_id), "state", "ready_at")
+                        pipe.hmget(self.keys.task(task_id), "state", "ready_at", "created_at")
                     heads = await pipe.execute()
-            ready = [int(at) for state, at in heads if state == "waiting" and at]
+            ready = [int(at or created) for state, at, created in heads if state == "waiting" and (at or created)]
             if ready:
                 oldest = max(0.0, (r.now - min(ready)) / 1000)
         return QueueStats(self.name, r.waiting, r.delayed, r.active, r.completed, r.failed, r.canceled, oldest,

@@ -117,16 +117,21 @@ if taking > 0 then
   local leased = {}  -- deadline, id pairs for the active index
   local deadline_text = int_text(deadline)  -- formatted once, as now_text()
   local n = #out
+  local NO_OPTIONS = {false, false, false}
   local attempt_was, attempt, attempt_text  -- the last attempt field read and what follows it
   for i = 1, taking do
     local id = picks[i]
     local key = key_of[id]
-    local f = redis.call('HMGET', key, 'name', 'payload', 'handler_failure_count',
-      'stalled_attempt_count', 'max_retries', 'options', 'priority', 'attempt')
-    if f[1] then  -- every record has a name; none: the record is gone
-      if f[8] ~= attempt_was then  -- most tasks of a call share it (a fresh task has '0')
-        attempt_was = f[8]
-        attempt = (tonumber(f[8]) or 0) + 1
+    local f = redis.call('HMGET', key, 'extra', 'name', 'payload', 'handler_failure_count',
+      'stalled_attempt_count', 'attempt')
+    if f[2] then  -- every record has a name; none: the record is gone
+      local options = NO_OPTIONS  -- max_retries, options, priority
+      if f[1] ~= '' and (not f[1] or string.find(f[1], '[rop]')) then  -- see EXTRA_LETTER
+        options = redis.call('HMGET', key, 'max_retries', 'options', 'priority')
+      end
+      if f[6] ~= attempt_was then  -- most tasks of a call share it (a fresh task has '0')
+        attempt_was = f[6]
+        attempt = (tonumber(f[6]) or 0) + 1
         attempt_text = int_text(attempt)
       end
       local token = ARGV[3] .. ':' .. int_text(seq + i)
@@ -134,8 +139,9 @@ if taking > 0 then
         'attempt', attempt_text)
       leased[#leased + 1] = deadline_text
       leased[#leased + 1] = id
-      out[n + 1], out[n + 2], out[n + 3] = id, token, attempt
-      for j = 1, 7 do out[n + 3 + j] = f[j] end
+      out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = id, token, attempt, f[2], f[3]
+      out[n + 6], out[n + 7] = f[4], f[5]
+      out[n + 8], out[n + 9], out[n + 10] = options[1], options[2], options[3]
       n = n + 10
       emit('active', id, 'attempt', attempt)
     end

@@ -73,6 +73,18 @@ local function declared_ids(skip)
   return ids, key_of
 end
 
+-- The optional fields of a task hash, left out at their defaults, and their letters in
+-- its `extra` field, which lists those it has ('' = none): readers look only for those.
+local EXTRA_LETTER = {explicit_id = 'e', priority = 'p', max_retries = 'r', max_stalled_count = 's', options = 'o'}
+
+-- Does the record under `key` have optional field `field`? `extra`: its extra field as
+-- read (false: a record written before there was one, which is then asked).
+local function has_extra(key, extra, field)
+  if extra == '' then return false end
+  if extra then return string.find(extra, EXTRA_LETTER[field], 1, true) ~= nil end
+  return redis.call('HEXISTS', key, field) == 1
+end
+
 -- How an attempt settled (protocol.Outcome); 0 = not settled by that token (lease lost).
 local OUTCOME_COMPLETED, OUTCOME_RETRY, OUTCOME_FAILED, OUTCOME_RELEASED = 1, 2, 3, 4
 -- A worker resends an acknowledgement only while its lease may still be valid, so the
@@ -245,25 +257,25 @@ end
 
 -- Drop a task record; an explicit id stays reserved in the dedup index, and the last
 -- settlement's outcome stays known to a resent acknowledgement for a while. `lease`:
--- owned()'s {state, token, lock_until, explicit_id} when that token settles the task now
--- with `outcome` (text); without them both are read from the record.
+-- owned()'s {extra, state, token, lock_until} when that token settles the task now with
+-- `outcome` (text); without them both are read from the record.
 local resend_was, resend_text  -- the last resend deadline, and as text
 local function forget(id, key, now, lease, outcome)
   local f = lease
   if f == nil then
-    f = redis.call('HMGET', key, 'state', 'last_token', 'lock_until', 'explicit_id', 'last_outcome')
+    f = redis.call('HMGET', key, 'extra', 'state', 'last_token', 'lock_until', 'last_outcome')
     outcome = f[5]
   end
-  if f[4] then  -- explicit_id: '1', or the nonce of the offer that created it
+  if has_extra(key, f[1], 'explicit_id') then
     local reserved_until = now + meta_num('dedup_window_ms', DEFAULTS.dedup_window_ms)
     zadd_later(K_DEDUP, int_text(reserved_until), id)
   end
-  local resend_until = (tonumber(f[3]) or 0) + SETTLED_SLACK_MS
-  if f[2] and f[2] ~= '' and outcome and resend_until > now then  -- a resend may still come
+  local resend_until = (tonumber(f[4]) or 0) + SETTLED_SLACK_MS
+  if f[3] and f[3] ~= '' and outcome and resend_until > now then  -- a resend may still come
     if resend_until ~= resend_was then  -- leases of one call share their deadline
       resend_was, resend_text = resend_until, int_text(resend_until)
     end
-    zadd_later(K_SETTLED, resend_text, outcome .. ':' .. f[2])
+    zadd_later(K_SETTLED, resend_text, outcome .. ':' .. f[3])
   end
   redis.call('DEL', key)
 end
@@ -332,14 +344,14 @@ local function finish(reply)
 end
 
 -- Is the caller the current owner, with a lease that has not run out by Redis time?
--- Returns the task key when it is, and {state, token, lock_until (a number), explicit_id}.
+-- Returns the task key when it is, and {extra, state, token, lock_until (a number)}.
 local function owned(id, token, now, key)
   key = key or task_key(id)
-  local st = redis.call('HMGET', key, 'state', 'token', 'lock_until', 'explicit_id')
-  if st[1] == 'active' and st[2] == token and token ~= '' then
-    local lock_until = tonumber(st[3])
+  local st = redis.call('HMGET', key, 'extra', 'state', 'token', 'lock_until')
+  if st[2] == 'active' and st[3] == token and token ~= '' then
+    local lock_until = tonumber(st[4])
     if lock_until and lock_until >= now then
-      st[3] = lock_until
+      st[4] = lock_until
       return key, st
     end
   end

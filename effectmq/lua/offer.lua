@@ -19,6 +19,12 @@ local ready = {}  -- ids the wake message names (and that join the waiting index
 local ready_prio = {}
 local later = {}  -- due time, id pairs for the delayed index
 local first_due = next_due()
+local fields, extra  -- of the task being created
+local function keep(field, value)  -- an optional field, and its letter in `extra`
+  fields[#fields + 1] = field
+  fields[#fields + 1] = value
+  extra = extra .. EXTRA_LETTER[field]
+end
 for i = 0, n - 1 do
   local b = 3 + i * 9
   local id = ARGV[b]
@@ -32,17 +38,25 @@ for i = 0, n - 1 do
     created[#created + 1] = f[1] and (not explicit or f[2] == nonce) and 1 or 0
   else
     local delay = tonumber(ARGV[b + 4])
-    local state, ready_at = 'waiting', now_text()
-    if delay > 0 then state, ready_at = 'delayed', int_text(now + delay) end
-    -- Fields at their defaults are left out (readers default them): a smaller hash is
-    -- less memory, and cheaper for every later read and write of it.
-    local fields = {'name', ARGV[b + 2], 'payload', ARGV[b + 3], 'created_at', now_text(), 'state', state,
-      'ready_at', ready_at, 'attempt', '0', 'handler_failure_count', '0', 'stalled_attempt_count', '0'}
-    if explicit then fields[#fields + 1] = 'explicit_id'; fields[#fields + 1] = nonce end
-    if ARGV[b + 5] ~= '0' then fields[#fields + 1] = 'priority'; fields[#fields + 1] = ARGV[b + 5] end
-    if ARGV[b + 6] ~= '-1' then fields[#fields + 1] = 'max_retries'; fields[#fields + 1] = ARGV[b + 6] end
-    if ARGV[b + 7] ~= '-1' then fields[#fields + 1] = 'max_stalled_count'; fields[#fields + 1] = ARGV[b + 7] end
-    if ARGV[b + 8] ~= '' then fields[#fields + 1] = 'options'; fields[#fields + 1] = ARGV[b + 8] end
+    local state = delay > 0 and 'delayed' or 'waiting'
+    -- Optional fields at their defaults are left out (readers default them): a smaller
+    -- hash is less memory, and cheaper for every later read and write of it. `extra`
+    -- says which are there (EXTRA_LETTER), so that readers need not look for the others.
+    -- The fields read on every lease and settlement come first: a hash of this size is a
+    -- list that a lookup walks from its start.
+    fields = {'extra', '', 'state', state, 'attempt', '0', 'handler_failure_count', '0',
+      'stalled_attempt_count', '0', 'name', ARGV[b + 2], 'payload', ARGV[b + 3], 'created_at', now_text()}
+    if delay > 0 then  -- ready_at is created_at until they differ
+      fields[#fields + 1] = 'ready_at'
+      fields[#fields + 1] = int_text(now + delay)
+    end
+    extra = ''
+    if explicit then keep('explicit_id', nonce) end
+    if ARGV[b + 5] ~= '0' then keep('priority', ARGV[b + 5]) end
+    if ARGV[b + 6] ~= '-1' then keep('max_retries', ARGV[b + 6]) end
+    if ARGV[b + 7] ~= '-1' then keep('max_stalled_count', ARGV[b + 7]) end
+    if ARGV[b + 8] ~= '' then keep('options', ARGV[b + 8]) end
+    fields[2] = extra
     redis.call('HSET', key, unpack(fields))
     if delay > 0 then
       later[#later + 1] = now + delay

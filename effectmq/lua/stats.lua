@@ -5,7 +5,8 @@ Returns: {now, waiting, delayed, active, completed, failed, canceled, paused, ma
   paused: 0 | 1
   heads...: the first waiting id of each priority band (at most STATS_BANDS bands, from the
   highest priority): tasks join a band in the order they became ready, so its first one
-  waited longest. The caller reads their ready_at (a script reads only declared hashes).
+  waited longest. The caller reads their ready_at, or created_at when there is none (a
+  script reads only declared hashes).
 ]]
 local STATS_BANDS = 16
 local now = now_ms()

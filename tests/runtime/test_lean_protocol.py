@@ -238,3 +238,46 @@ async def test_a_queue_can_be_marked_sensitive(make_queue):
     assert (await q.settings())["sensitive"] is True
     await q.configure(sensitive=None)
     assert (await q.settings())["sensitive"] is False
+
+
+async def test_a_lease_gets_the_optional_fields_a_task_has_and_only_looks_for_those(make_queue):
+    q = make_queue("extras", retention_completed=0)
+    await q.offer("plain", None)
+    await q.offer("tick", None, task_id="t1")
+    await q.offer("tuned", None, task_id="t2", priority=-1, max_retries=3, max_stalled_count=2, timeout=5)
+    hashes = {}
+    for tid in [info.task_id for info in await q.list_tasks("waiting")]:
+        hashes[tid] = await q.redis.hget(q.keys.task(tid), "extra")
+    assert sorted(hashes.values()) == ["", "e", "eprso"]
+    leases = {lease.name: lease for lease in (await q.acquire_many(3))[0]}
+    assert (leases["plain"].max_retries, leases["plain"].options, leases["plain"].priority) == (None, {}, 0)
+    assert (leases["tick"].max_retries, leases["tick"].options, leases["tick"].priority) == (None, {}, 0)
+    tuned = leases["tuned"]
+    assert (tuned.max_retries, tuned.priority) == (3, -1) and tuned.options.get("timeout") == 5
+    await q.engine.complete_many([(lease, "null") for lease in leases.values()])
+    # Explicit ids stay reserved after their record is gone; a generated one is not.
+    assert sorted(await q.redis.zrange(q.keys.key("dedup"), 0, -1)) == ["t1", "t2"]
+
+
+async def test_records_written_before_the_extra_field_keep_their_options_and_reservation(make_queue):
+    q = make_queue("older", retention_completed=0)
+    await q.offer("old", None, task_id="o1", max_retries=4, timeout=7)
+    await q.redis.hdel(q.keys.task("o1"), "extra")  # as an older version wrote it
+    lease = await q.acquire()
+    assert (lease.max_retries, lease.options.get("timeout")) == (4, 7)
+    await lease.complete()
+    assert await q.get("o1") is None
+    assert await q.redis.zrange(q.keys.key("dedup"), 0, -1) == ["o1"]
+    assert not (await q.offer("old", None, task_id="o1")).created
+
+
+async def test_a_task_is_ready_when_created_unless_delayed_and_its_wait_counts_from_then(make_queue):
+    q = make_queue("ready-at")
+    now = await q.offer("now", None, task_id="n")
+    later = await q.offer("later", None, task_id="l", delay=0.2)
+    ready, delayed = await q.get(now.task_id), await q.get(later.task_id)
+    assert ready.ready_at == ready.created_at
+    assert 0.15 <= (delayed.ready_at - delayed.created_at).total_seconds() <= 0.25
+    assert await q.redis.hget(q.keys.task("n"), "ready_at") is None  # created_at stands for it
+    await asyncio.sleep(0.3)
+    assert 0.25 <= (await q.stats()).oldest_waiting_seconds < 5

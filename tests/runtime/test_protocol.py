@@ -207,10 +207,17 @@ def test_record_strides_in_the_scripts_are_the_record_sizes():
     start, step = re.search(r"local b = (\d+) \+ i \* (\d+)", read("offer")).groups()
     assert (int(start), int(step)) == (parse_header("offer").argv.index("tasks...") + 1, protocol.OFFER_WIDTH)
     acquire = read("acquire")
-    stored = re.search(r"HMGET', key, (.*?)\)", acquire, re.S).group(1)
-    # after id, token, attempt; the stored attempt number is read with them (the new one is +1)
-    assert re.findall(r"'(\w+)'", stored) == [*protocol.LEASE_FIELDS[3:], "attempt"]
-    assert f"for j = 1, {protocol.LEASE_WIDTH - 3} do" in acquire
+    # A lease's values: id, token, the new attempt, then fields read from the record (the
+    # optional ones by a second HMGET); they are written to the reply in this order.
+    reads = {name: re.findall(r"'(\w+)'", fields) for name, fields in
+             re.findall(r"(\w+) = redis.call\('HMGET', key, (.*?)\)", acquire, re.S)}
+    sent = []
+    for values in re.findall(r"out\[n \+ \d+\](?:, out\[n \+ \d+\])* = ([^\n]+)", acquire):
+        for value in values.split(", "):
+            read_from = re.fullmatch(r"(\w+)\[(\d)\]", value)
+            sent.append(reads[read_from[1]][int(read_from[2]) - 1] if read_from else value)
+    assert sent == list(protocol.LEASE_FIELDS)
+    assert re.search(r"n = n \+ (\d+)", acquire)[1] == str(protocol.LEASE_WIDTH)
 
 
 def test_outcome_codes_and_acquire_statuses_are_named_alike():
