@@ -160,9 +160,11 @@ for i = count + 1, math.min(#picks, count + peek) do
   listed[picks[i]] = true
 end
 if #named < peek then
+  -- After the last named ids while all the ids named would still be within the window
+  -- (the next call could not lease those past it), else from the head.
   local from = '-inf'
   if last_score and band and last_score < band
-      and redis.call('ZCOUNT', K_WAITING, '-inf', last_text) < window then
+      and redis.call('ZCOUNT', K_WAITING, '-inf', last_text) + peek - #named <= window then
     from = '(' .. last_text
   end
   local fresh = redis.call('ZRANGE', K_WAITING, from, '+inf', 'BYSCORE', 'LIMIT', '0', int_text(peek - #named))

@@ -281,3 +281,20 @@ async def test_a_task_is_ready_when_created_unless_delayed_and_its_wait_counts_f
     assert await q.redis.hget(q.keys.task("n"), "ready_at") is None  # created_at stands for it
     await asyncio.sleep(0.3)
     assert 0.25 <= (await q.stats()).oldest_waiting_seconds < 5
+
+
+async def test_a_busy_worker_gets_every_lease_it_asks_for_call_after_call(make_queue):
+    # Was: each reply named ids past the window (16 named, 9 declared; the rest passed
+    # over), and the 18th call leased 5 of 6: its candidates were past the window.
+    q = make_queue("full-calls", retention_completed=0)
+    for start in range(0, 1500, 500):
+        await q.offer_many([("t", i) for i in range(start, start + 500)])
+    for k in (6, 20):
+        leases, _ = await q.acquire_many(k)
+        short = []
+        for call in range(40):
+            _, leases = await q.engine.complete_and_acquire([(lease, "null") for lease in leases], k)
+            if len(leases) != k:
+                short.append((call, len(leases)))
+        assert short == [], f"calls that leased fewer than {k}: {short}"
+        await q.engine.complete_many([(lease, "null") for lease in leases])
