@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Awaitable, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -64,24 +65,36 @@ class Callgrind:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-async def per_call(grind: Callgrind, k: int, rounds: int) -> float:
-    client = aioredis.Redis(port=grind.port, decode_responses=True)
+async def busy_worker(client, k: int, calls: int) -> Callable[[], Awaitable[None]]:
+    """A queue with tasks enough for `calls` calls of k completions and k leases, as a busy
+    worker sends them, warmed up (the next ids known, the script loaded); returns the call."""
     await client.flushall()
     q = TaskQueue("cost", redis=client, retention_completed=0)
-    total = k * (rounds + 10) + 100
+    total = 2 * k * (calls + 10) + 100  # a call also passes over the ids it was named but did not declare
     for start in range(0, total, 500):
         await q.offer_many([("t", {"i": i}) for i in range(start, min(total, start + 500))])
     leases: list = []
     while len(leases) < k:
         more, _ = await q.acquire_many(k - len(leases))
         leases += more
-    for _ in range(5):  # warm: the next ids known, the script loaded
-        _, leases = await q.engine.complete_and_acquire([(lease, "null") for lease in leases], k)
-    grind.zero()
-    for _ in range(rounds):
+
+    async def call() -> None:
+        nonlocal leases
         _, leases = await q.engine.complete_and_acquire([(lease, "null") for lease in leases], k)
         if len(leases) != k:
             raise RuntimeError(f"a call leased {len(leases)} of {k}")
+
+    for _ in range(5):
+        await call()
+    return call
+
+
+async def per_call(grind: Callgrind, k: int, rounds: int) -> float:
+    client = aioredis.Redis(port=grind.port, decode_responses=True)
+    call = await busy_worker(client, k, rounds)
+    grind.zero()
+    for _ in range(rounds):
+        await call()
     instructions = grind.dumped()
     await client.aclose()
     return instructions / rounds

@@ -1,0 +1,69 @@
+"""Redis CPU per worker call, back to back and with Redis idle between calls.
+
+    python bench/paced_calls.py                       # k = 10; pauses of 0, 1, 5, 10 ms
+    python bench/paced_calls.py --k 1 10 20 --pauses 0 10 --calls 400
+
+Sends the same complete_and_acquire call (k completions and k leases, as
+bench/script_cost.py) `calls` times to a private redis-server: back to back, or with a
+pause between calls, as a worker whose handlers take that long sends them. Redis CPU is
+INFO's used_cpu_user + used_cpu_sys around the calls; what Redis spends while idle (its
+timers) is measured alone first and shown apart. Where a call costs more after a pause
+than back to back, the difference is what Redis idling between calls adds: the work per
+call is the same (bench/script_cost.py counts it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import redis.asyncio as aioredis  # noqa: E402
+
+from bench._redis import start_redis  # noqa: E402
+from bench.script_cost import busy_worker  # noqa: E402
+
+
+async def redis_cpu(client) -> float:
+    info = await client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--k", type=int, nargs="+", default=[10], help="completions and leases per call")
+    parser.add_argument("--pauses", type=float, nargs="+", default=[0, 1, 5, 10], help="ms between calls")
+    parser.add_argument("--calls", type=int, default=400, help="calls measured per k and pause")
+    args = parser.parse_args()
+    proc, port, _ = start_redis()
+    client = aioredis.Redis(port=port, decode_responses=True)
+    try:
+        before = await redis_cpu(client)
+        await asyncio.sleep(3)
+        idle = (await redis_cpu(client) - before) / 3
+        print(f"idle redis-server: {idle * 1e3:.1f} ms of CPU per second")
+        for k in args.k:
+            for pause in args.pauses:
+                call = await busy_worker(client, k, args.calls)
+                before, started = await redis_cpu(client), time.monotonic()
+                for _ in range(args.calls):
+                    await call()
+                    if pause:
+                        await asyncio.sleep(pause / 1000)
+                spent = await redis_cpu(client) - before
+                idle_part = idle * (time.monotonic() - started)
+                per_call = (spent - idle_part) / args.calls * 1e6
+                print(f"k={k:3d} pause {pause:4g} ms: {per_call:7.1f} us per call, {per_call / k:6.1f} per task "
+                      f"(and {idle_part / args.calls * 1e6:5.1f} us per call of idle time)", flush=True)
+    finally:
+        await client.aclose()
+        proc.terminate()
+        proc.wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
