@@ -76,6 +76,7 @@ end
 -- The optional fields of a task hash, left out at their defaults, and their letters in
 -- its `extra` field, which lists those it has ('' = none): readers look only for those.
 local EXTRA_LETTER = {explicit_id = 'e', priority = 'p', max_retries = 'r', max_stalled_count = 's', options = 'o'}
+local LEASE_EXTRAS = '[rop]'  -- a pattern of the letters of those a lease carries: max_retries, options, priority
 
 -- Does the record under `key` have optional field `field`? `extra`: its extra field as
 -- read (false: a record written before there was one, which is then asked).
