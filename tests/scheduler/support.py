@@ -16,16 +16,24 @@ from tests.support.operator import wait_for
 ROOT = Path(__file__).resolve().parents[2]
 
 
+async def clear_of_boundary(scheduler: Scheduler, period: int, margin: float) -> int:
+    """Waits while the next `period` boundary (seconds, by Redis time) is closer than
+    `margin`, so that no tick of a schedule firing once per period falls due meanwhile.
+    Returns Redis time (s)."""
+    while True:
+        seconds, micros = await scheduler.redis.time()
+        left = period - (seconds % period) - micros / 1e6
+        if left >= margin:
+            return seconds
+        await asyncio.sleep(left + 0.05)
+
+
 async def make_one_tick_due(scheduler: Scheduler, ids: list[str], period: int = 3600, margin: int = 30) -> int:
     """Every cursor just before the latest `period` boundary (seconds; the schedules
     fire once per period), so exactly one tick is due per schedule, missed. Waits while
     the next boundary is closer than `margin`. Returns that boundary (s). Used by
     tests/scheduler/test_scale.py and bench/schedules.py."""
-    while True:  # not so close to the next boundary that a second tick falls due meanwhile
-        seconds, _ = await scheduler.redis.time()
-        if seconds % period < period - margin:
-            break
-        await asyncio.sleep(1)
+    seconds = await clear_of_boundary(scheduler, period, margin)
     boundary = seconds - seconds % period
     async with scheduler.redis.pipeline(transaction=False) as pipe:
         for sid in ids:
