@@ -126,7 +126,7 @@ if taking > 0 then
       'stalled_attempt_count', 'attempt')
     if f[2] then  -- every record has a name; none: the record is gone
       local options = NO_OPTIONS  -- max_retries, options, priority
-      if f[1] ~= '' and (not f[1] or string.find(f[1], LEASE_EXTRAS)) then
+      if lists_extra(f[1], LEASE_EXTRAS) ~= false then  -- listed, or a record of an older version
         options = redis.call('HMGET', key, 'max_retries', 'options', 'priority')
       end
       if f[6] ~= attempt_was then  -- most tasks of a call share it (a fresh task has '0')

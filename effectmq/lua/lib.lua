@@ -78,12 +78,19 @@ end
 local EXTRA_LETTER = {explicit_id = 'e', priority = 'p', max_retries = 'r', max_stalled_count = 's', options = 'o'}
 local LEASE_EXTRAS = '[rop]'  -- a pattern of the letters of those a lease carries: max_retries, options, priority
 
--- Does the record under `key` have optional field `field`? `extra`: its extra field as
--- read (false: a record written before there was one, which is then asked).
-local function has_extra(key, extra, field)
+-- Does a record's extra field, as read, list a letter of `letters` (a pattern)? nil when
+-- it has none: a record written before there was one, which only its fields can tell.
+local function lists_extra(extra, letters)
   if extra == '' then return false end
-  if extra then return string.find(extra, EXTRA_LETTER[field], 1, true) ~= nil end
-  return redis.call('HEXISTS', key, field) == 1
+  if extra then return string.find(extra, letters) ~= nil end
+  return nil
+end
+
+-- Does the record under `key` have optional field `field`? `extra`: its extra field as read.
+local function has_extra(key, extra, field)
+  local listed = lists_extra(extra, EXTRA_LETTER[field])
+  if listed == nil then return redis.call('HEXISTS', key, field) == 1 end
+  return listed
 end
 
 -- How an attempt settled (protocol.Outcome); 0 = not settled by that token (lease lost).
