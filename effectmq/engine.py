@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import secrets
@@ -79,7 +80,7 @@ class Lease:
     __slots__ = (
         "queue", "engine", "task_id", "token", "attempt", "name", "_raw_payload", "handler_failure_count",
         "stalled_attempt_count", "max_retries", "options", "priority", "deadline_ms",
-        "confirmed_until", "lock_timeout", "requested_lock_timeout", "corrupt", "raw", "_wire_id",
+        "confirmed_until", "lock_timeout", "requested_lock_timeout", "corrupt", "raw", "_wire_id", "_receipts",
     )
 
     def __init__(self, engine: "LeaseEngine", fields: protocol.RawFields, deadline_ms: int, confirmed_until: float,
@@ -114,6 +115,7 @@ class Lease:
         self.confirmed_until = confirmed_until
         self.lock_timeout = lock_timeout  # the lease the server granted
         self.requested_lock_timeout = requested_lock_timeout or lock_timeout  # asked again on renewal
+        self._receipts: tuple[str, ...] = ()  # the calls that carried its completion (LeaseEngine.receipt)
 
     @property
     def payload(self) -> Any:
@@ -190,6 +192,19 @@ class LeaseEngine:
         # One acquire at a time per process: each starts from the ids the last one learnt,
         # and this process's callers never compete for them.
         self._acquiring = asyncio.Lock()
+        self._receipt_seq = itertools.count(1)
+
+    def receipt(self, settled: Sequence[tuple[Lease, str]]) -> tuple[str, str]:
+        """A new receipt id for a call that carries these completions, and the receipts of
+        the earlier calls that carried any of them (space-separated): where a resend finds
+        the completions a call whose reply was lost made (lib.lua's use_receipts)."""
+        receipt = f"{self.token_prefix}-{next(self._receipt_seq)}"
+        earlier: list[str] = []
+        for lease, _ in settled:
+            if lease._receipts:
+                earlier += [r for r in lease._receipts if r not in earlier]
+            lease._receipts += (receipt,)
+        return receipt, " ".join(earlier)
 
     async def acquire_many(self, count: int, *, lock_timeout: float | None = None) -> tuple[list[Lease], float | None]:
         """Lease up to `count` ready tasks. A script may touch only the task hashes it
@@ -215,11 +230,13 @@ class LeaseEngine:
         completions = [protocol.Completion(lease._wire_id, lease.token, result_json) for lease, result_json in settled]
         async with self._acquiring:
             self._largest = max(self._largest, count)
-            reply, leases = await self._acquire_once(min(count, MAX_ACQUIRE), lt, completions)
+            receipt = self.receipt(settled) if settled else ("", "")
+            reply, leases = await self._acquire_once(min(count, MAX_ACQUIRE), lt, completions, receipt)
         return list(reply.outcomes), leases
 
     async def _acquire_once(self, want: int, lt: float,
-                            completions: Sequence[protocol.Completion] = ()) -> tuple[protocol.AcquireReply, list[Lease]]:
+                            completions: Sequence[protocol.Completion] = (),
+                            receipt: tuple[str, str] = ("", "")) -> tuple[protocol.AcquireReply, list[Lease]]:
         peek = self._peek()
         # Some spare: the script leases the first still waiting, so ids another
         # process took meanwhile cost no call (a short reply splits a worker's slots
@@ -229,7 +246,7 @@ class LeaseEngine:
         reply = await self.scripts.run(protocol.AcquireArgs(
             want, ms(lt), self.token_prefix, self.queue.promote_batch, window=ACQUIRE_WINDOW * peek, peek=peek,
             candidates=candidates, retention_ms=retention_ms(self.queue.retention_completed),
-            completions=completions))
+            receipt=receipt[0], resent=receipt[1], completions=completions))
         granted = reply.granted
         leases = [Lease(self, fields, reply.deadline, sent + granted, granted, lt) for fields in reply.leases]
         if reply.status is AcquireStatus.OK:  # paused or limited: the ids known stay known
@@ -284,7 +301,7 @@ class LeaseEngine:
 
     async def complete_many(self, settled: Sequence[tuple[Lease, str]]) -> list[Outcome]:
         completions = [protocol.Completion(lease._wire_id, lease.token, result_json) for lease, result_json in settled]
-        args = protocol.CompleteArgs(retention_ms(self.queue.retention_completed), completions)
+        args = protocol.CompleteArgs(retention_ms(self.queue.retention_completed), *self.receipt(settled), completions)
         return (await self.scripts.run(args)).outcomes
 
     async def fail(self, lease: Lease, error: Any, *, retryable: bool | None, retry: Any,
@@ -300,12 +317,13 @@ class LeaseEngine:
             if problem:
                 info = ErrorInfo(DEFECT, f"{problem} (after {info.tag}: {info.message})", kind=info.kind)
         args = protocol.FailArgs(lease._wire_id, lease.token, error_json(info), ms(delay) if delay >= 0 else -1,
-                                 q.max_retries, retention_ms(q.retention_failed))
+                                 q.max_retries, retention_ms(q.retention_failed), " ".join(lease._receipts))
         return (await self.scripts.run(args)).outcome
 
     async def release(self, lease: Lease, delay: float) -> Outcome:
         check_number("delay", delay, allow_none=False, maximum=MAX_DELAY)
-        return (await self.scripts.run(protocol.ReleaseArgs(lease._wire_id, lease.token, ms(delay)))).outcome
+        args = protocol.ReleaseArgs(lease._wire_id, lease.token, ms(delay), " ".join(lease._receipts))
+        return (await self.scripts.run(args)).outcome
 
     async def progress(self, lease: Lease, value: Any) -> bool:
         args = protocol.ProgressArgs(lease._wire_id, lease.token, codec.dumps(value, "progress"))

@@ -188,12 +188,21 @@ class ScriptArgs(Generic[R]):
     def task_ids(self) -> Sequence[str | bytes]:
         return ()
 
+    def receipt_ids(self) -> Sequence[str]:
+        """The receipts whose keys it declares after the task hashes (lib.lua's use_receipts)."""
+        return ()
+
     def parse(self, reply: Any) -> R:
         return self.Reply.from_reply(reply)
 
 
 def _flat(records: Sequence[tuple]) -> list:
     return list(itertools.chain.from_iterable(records))
+
+
+def _receipts(own: str, resent: str) -> list[str]:
+    """A call's receipt ids in KEYS order: its own, then those it names."""
+    return ([own] if own else []) + resent.split()
 
 
 def declared_keys() -> Any:
@@ -389,14 +398,19 @@ class AcquireArgs(ScriptArgs[AcquireReply]):
     peek: int
     candidates: Sequence[str | bytes] = declared_keys()  # ids an earlier reply named
     retention_ms: int = -1  # of the completions
+    receipt: str = ""  # of this call, as by CompleteArgs
+    resent: str = ""
     completions: Sequence[Completion] = ()  # settled first, as by CompleteArgs
 
     def argv(self) -> list:
         return [self.count, self.lock_timeout_ms, self.token_prefix, self.promote_batch, self.window, self.peek,
-                self.retention_ms, *_flat(self.completions)]
+                self.retention_ms, self.receipt, self.resent, *_flat(self.completions)]
 
     def task_ids(self) -> Sequence[str | bytes]:
         return [*(completion.id for completion in self.completions), *self.candidates]
+
+    def receipt_ids(self) -> Sequence[str]:
+        return _receipts(self.receipt, self.resent)
 
 
 @dataclass(frozen=True)
@@ -418,13 +432,18 @@ class CompleteArgs(ScriptArgs[CompleteReply]):
     operation = "complete"
     Reply = CompleteReply
     retention_ms: int
+    receipt: str  # this call's receipt id ('' = none), unique per call
+    resent: str  # space-separated receipt ids of earlier calls that carried any of these
     completions: Sequence[Completion]
 
     def argv(self) -> list:
-        return [self.retention_ms, *_flat(self.completions)]
+        return [self.retention_ms, self.receipt, self.resent, *_flat(self.completions)]
 
     def task_ids(self) -> Sequence[str | bytes]:
         return [completion.id for completion in self.completions]
+
+    def receipt_ids(self) -> Sequence[str]:
+        return _receipts(self.receipt, self.resent)
 
 
 @dataclass(frozen=True)
@@ -437,12 +456,17 @@ class FailArgs(ScriptArgs[FailReply]):
     retry_delay_ms: int  # -1 = not retryable
     max_retries: int
     retention_ms: int
+    receipts: str = ""  # space-separated: the calls that carried a completion by this token
 
     def argv(self) -> list:
-        return [self.id, self.token, self.error, self.retry_delay_ms, self.max_retries, self.retention_ms]
+        return [self.id, self.token, self.error, self.retry_delay_ms, self.max_retries, self.retention_ms,
+                self.receipts]
 
     def task_ids(self) -> Sequence[str | bytes]:
         return [self.id]
+
+    def receipt_ids(self) -> Sequence[str]:
+        return self.receipts.split()
 
 
 @dataclass(frozen=True)
@@ -452,12 +476,16 @@ class ReleaseArgs(ScriptArgs[OutcomeReply]):
     id: str | bytes
     token: str
     delay_ms: int
+    receipts: str = ""  # as FailArgs'
 
     def argv(self) -> list:
-        return [self.id, self.token, self.delay_ms]
+        return [self.id, self.token, self.delay_ms, self.receipts]
 
     def task_ids(self) -> Sequence[str | bytes]:
         return [self.id]
+
+    def receipt_ids(self) -> Sequence[str]:
+        return self.receipts.split()
 
 
 @dataclass(frozen=True)

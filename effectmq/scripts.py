@@ -70,6 +70,11 @@ class ScriptRunner:
         prefix = self.keys[0] + b"t:"
         return [prefix + (i if isinstance(i, bytes) else i.encode(errors="surrogateescape")) for i in task_ids]
 
+    def receipt_keys(self, receipt_ids: Sequence[str]) -> list[bytes]:
+        """The receipts' keys (lib.lua's use_receipts), declared after the task hashes."""
+        prefix = self.keys[0] + b"r:"
+        return [prefix + i.encode() for i in receipt_ids]
+
     def _packed(self, operation: str, argv: Sequence[Any], task_keys: Sequence[bytes] = ()) -> list[bytes]:
         command = ("EVALSHA", sha(operation), self.nkeys + len(task_keys), *self.keys, *task_keys, *argv)
         if _pack is not None:
@@ -94,7 +99,9 @@ class ScriptRunner:
         replies parsed. With the script's `raw`, strings in a reply stay bytes."""
         first = calls[0]
         with self.errors:
-            packed = [self._packed(args.operation, args.argv(), self.task_keys(args.task_ids())) for args in calls]
+            packed = [self._packed(args.operation, args.argv(),
+                                   self.task_keys(args.task_ids()) + self.receipt_keys(args.receipt_ids()))
+                      for args in calls]
             replies = await self._call(first.operation, packed, first.raw)
         return [args.parse(reply) for args, reply in zip(calls, replies)]
 

@@ -3,7 +3,8 @@
 ids the next call may declare: a worker's steady state is one call per batch.
 KEYS: the queue keys of lib.lua, then candidates: the task hashes of ids an earlier reply
   named (ready or due), or a wake message, or the caller's own offers; a call with none
-  only names them. Before the candidates: the task hash of each completion's id, in order.
+  only names them. Before the candidates: the task hash of each completion's id, in order;
+  after them: the receipt key of `receipt` and of each id in `resent` (use_receipts).
 ARGV[1] count            how many tasks the caller can run now
 ARGV[2] lock_timeout_ms  lease length (the queue's meta lock_timeout_ms wins when set)
 ARGV[3] token_prefix     random per-process prefix; the token is prefix..":"..seq
@@ -12,7 +13,10 @@ ARGV[5] window           a candidate is leased only while it is among the first 
   waiting tasks and in the head's priority band (never before a task of higher priority)
 ARGV[6] peek             how many waiting ids `ready` names
 ARGV[7] retention_ms     for completed records (meta retention_completed_ms wins; -1 = keep)
-ARGV[8...] completions...: 3 values each: id, token, result
+ARGV[8] receipt          this call's receipt id ('' = none), unique per call
+ARGV[9] resent           space-separated receipt ids of earlier calls that carried any of
+  these completions
+ARGV[10...] completions...: 3 values each: id, token, result
   result: JSON
 Candidates that are due delayed tasks are promoted first, and may be leased at once.
 Leases follow head order (priority, then FIFO): the first `count` candidates still
@@ -30,14 +34,15 @@ leases...: 10 values each: id, token, attempt, name, payload, handler_failure_co
 ]]
 local now = now_ms()
 local retention = meta_num('retention_completed_ms', ARGV[7])
-local outcomes = complete_each(8, retention)
+local receipts = use_receipts(ARGV[8], ARGV[9])
+local outcomes = complete_each(10, retention)
 local count = tonumber(ARGV[1])
 local window = tonumber(ARGV[5])
 local lock_timeout = meta_num('lock_timeout_ms', ARGV[2])
 local deadline = now + lock_timeout
 local out = {now, deadline, 0, 'ok'}
 out[5], out[6], out[7] = {}, {}, outcomes
-local candidates, key_of = declared_ids((#ARGV - 7) / 3)
+local candidates, key_of = declared_ids((#ARGV - 9) / 3, receipts)
 -- Each waiting candidate's score (a due one promoted first).
 local scores = {}
 if #candidates > 0 then scores = redis.call('ZMSCORE', K_WAITING, unpack(candidates)) end

@@ -1,11 +1,13 @@
 --[[ fail: record a typed handler failure of an owned task; retry or fail for good.
-KEYS: the queue keys of lib.lua, then the task hash of ARGV's id.
+KEYS: the queue keys of lib.lua, then the task hash of ARGV's id, then the receipt key of
+  each id in `receipts`.
 ARGV[1] id
 ARGV[2] token
 ARGV[3] error           JSON object with at least "tag"
 ARGV[4] retry_delay_ms  delay before the next attempt; -1 = this failure is not retryable
 ARGV[5] max_retries     the default (task option, then meta max_retries, then this)
 ARGV[6] retention_ms    for failed records (meta retention_failed_ms wins; -1 = keep)
+ARGV[7] receipts        space-separated: the calls that carried a completion by this token
 Returns: {outcome, handler_failure_count, retry_at}
   outcome (protocol.Outcome): 2 = retry scheduled, 3 = failed for good, 0 = lease lost;
   a token that settled before (a resent acknowledgement) gets its outcome again, with
@@ -15,6 +17,7 @@ local id, token = ARGV[1], ARGV[2]
 local now = now_ms()
 local key = owned(id, token, now)
 if not key then
+  use_receipts('', ARGV[7])
   return {outcome_of(id, token), -1, -1}
 end
 local failures = redis.call('HINCRBY', key, 'handler_failure_count', 1)

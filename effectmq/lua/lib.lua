@@ -26,8 +26,9 @@ Every script receives the same queue-level KEYS first (all share the queue's has
                        of that interest; a settlement publishes base.."done:"..id only then
   KEYS[16] peeked      string "token_prefix score": the last waiting id an acquire reply
                        named, so that the next caller is named the ids after it
-After them (KEYS[17...]) come the task hashes the call touches, and a script touches no
-other task hash: every key is declared before the call, as Redis Cluster and proxies that
+After them (KEYS[17...]) come the task hashes the call touches, then the receipts it
+writes or reads (base.."r:"..receipt, see use_receipts), and a script touches no other
+task hash: every key is declared before the call, as Redis Cluster and proxies that
 route on KEYS require. task_key(id) gives only a declared key and raises
 "ERR undeclared task key" otherwise, so a script cannot break the rule unnoticed. The
 caller knows the ids first: they are its arguments (offer, settle, cancel, ...), or ids an
@@ -59,11 +60,11 @@ local QUEUE_KEYS = 16  -- KEYS after these are task hashes
 local TASK_PREFIX = BASE .. 't:'
 local DECLARED = nil  -- the declared task hashes, a set built on the first lookup
 
--- The ids of the declared task hashes, in KEYS order, each once (after the first `skip`),
--- and their keys by id.
-local function declared_ids(skip)
+-- The ids of the declared task hashes, in KEYS order, each once (after the first `skip`,
+-- before the last `tail`: receipts), and their keys by id.
+local function declared_ids(skip, tail)
   local ids, key_of = {}, {}
-  for i = QUEUE_KEYS + 1 + (skip or 0), #KEYS do
+  for i = QUEUE_KEYS + 1 + (skip or 0), #KEYS - (tail or 0) do
     local id = string.sub(KEYS[i], #TASK_PREFIX + 1)
     if not key_of[id] then
       key_of[id] = KEYS[i]
@@ -268,6 +269,7 @@ end
 -- owned()'s {extra, state, token, lock_until} when that token settles the task now with
 -- `outcome` (text); without them both are read from the record.
 local resend_was, resend_text  -- the last resend deadline, and as text
+local receipt = nil  -- this call's receipt (use_receipts), where completions are remembered
 local function forget(id, key, now, lease, outcome)
   local f = lease
   if f == nil then
@@ -280,12 +282,63 @@ local function forget(id, key, now, lease, outcome)
   end
   local resend_until = (tonumber(f[4]) or 0) + SETTLED_SLACK_MS
   if f[3] and f[3] ~= '' and outcome and resend_until > now then  -- a resend may still come
-    if resend_until ~= resend_was then  -- leases of one call share their deadline
-      resend_was, resend_text = resend_until, int_text(resend_until)
+    if receipt and lease and outcome == '1' then  -- '1': OUTCOME_COMPLETED as text
+      receipt.tokens[#receipt.tokens + 1] = f[3]
+      receipt.has[f[3]] = true
+      if resend_until > receipt.until_ms then receipt.until_ms = resend_until end
+    else
+      if resend_until ~= resend_was then  -- leases of one call share their deadline
+        resend_was, resend_text = resend_until, int_text(resend_until)
+      end
+      zadd_later(K_SETTLED, resend_text, outcome .. ':' .. f[3])
     end
-    zadd_later(K_SETTLED, resend_text, outcome .. ':' .. f[3])
   end
   redis.call('DEL', key)
+end
+
+-- Receipts. A call that completes tasks and deletes their records keeps the tokens it
+-- completed in one string, base.."r:"..receipt, until a resend of them can no longer
+-- come: one write per call where a settled marker per token cost about a tenth of a
+-- worker's call, and expiry drops it where markers cost a sweep each. A call that may be
+-- a resend names the receipts of the earlier calls that carried the same settlements.
+-- Their keys come last in KEYS: this call's own (`own`, '' = none: completions get
+-- settled markers), then those `resent` names (space-separated ids). Returns how many.
+local receipt_keys = {}  -- where a settlement of an earlier call may be remembered
+local receipt_values = nil  -- their values, read on the first lookup
+local function use_receipts(own, resent)
+  local ids = {}
+  if own ~= '' then ids[1] = own end
+  for id in string.gmatch(resent, '%S+') do ids[#ids + 1] = id end
+  local first = #KEYS - #ids
+  for i, id in ipairs(ids) do
+    local key = BASE .. 'r:' .. id
+    if KEYS[first + i] ~= key then error({err = 'ERR undeclared receipt key ' .. key}) end
+    receipt_keys[i] = key
+  end
+  if own ~= '' then receipt = {key = receipt_keys[1], tokens = {}, has = {}, until_ms = 0} end
+  return #ids
+end
+
+-- Did this call or a receipt it was given complete `token` (and delete its record)?
+local function in_receipts(token)
+  if receipt and receipt.has[token] then return true end
+  if receipt_values == nil then
+    receipt_values = {}
+    for i, key in ipairs(receipt_keys) do receipt_values[i] = redis.call('GET', key) or '' end
+  end
+  local listed = ' ' .. token .. ' '
+  for _, value in ipairs(receipt_values) do
+    if string.find(value, listed, 1, true) then return true end
+  end
+  return false
+end
+
+local function keep_receipt()
+  if receipt and #receipt.tokens > 0 then
+    redis.call('SET', receipt.key, ' ' .. table.concat(receipt.tokens, ' ') .. ' ', 'PX',
+      int_text(receipt.until_ms - now_ms()))
+    receipt.tokens = {}
+  end
 end
 
 -- Remember that `token` settled this task with `outcome`.
@@ -299,6 +352,7 @@ local function outcome_of(id, token)
   flush_adds()  -- this call may have settled it already
   local f = redis.call('HMGET', task_key(id), 'last_token', 'last_outcome')
   if f[1] == token then return tonumber(f[2]) or 0 end
+  if in_receipts(token) then return OUTCOME_COMPLETED end
   for outcome = OUTCOME_COMPLETED, OUTCOME_RELEASED do
     if redis.call('ZSCORE', K_SETTLED, outcome .. ':' .. token) then return outcome end
   end
@@ -346,6 +400,7 @@ end
 
 -- The end of every script that settles or forgets tasks: the gathered writes go out.
 local function finish(reply)
+  keep_receipt()
   flush_adds()
   flush_counts()
   return reply

@@ -1,8 +1,10 @@
 --[[ release: give an owned task back without counting a failure.
-KEYS: the queue keys of lib.lua, then the task hash of ARGV's id.
+KEYS: the queue keys of lib.lua, then the task hash of ARGV's id, then the receipt key of
+  each id in `receipts`.
 ARGV[1] id
 ARGV[2] token
 ARGV[3] delay_ms  0 = ready now
+ARGV[4] receipts  space-separated: the calls that carried a completion by this token
 Returns: outcome  (protocol.Outcome) 4 = released (now, or by this token before),
   1/2/3 = this token settled otherwise before, 0 = lease lost.
 ]]
@@ -10,6 +12,7 @@ local id, token = ARGV[1], ARGV[2]
 local now = now_ms()
 local key = owned(id, token, now)
 if not key then
+  use_receipts('', ARGV[4])
   return outcome_of(id, token)
 end
 local delay = tonumber(ARGV[3])

@@ -11,7 +11,11 @@ import asyncio
 import time
 from datetime import datetime, timezone
 
+import pytest
+import redis
+
 import effectmq
+from effectmq import scripts
 from effectmq.errors import TaskError
 from tests.support.inprocess import drain, make_worker, running
 
@@ -298,3 +302,60 @@ async def test_a_busy_worker_gets_every_lease_it_asks_for_call_after_call(make_q
                 short.append((call, len(leases)))
         assert short == [], f"calls that leased fewer than {k}: {short}"
         await q.engine.complete_many([(lease, "null") for lease in leases])
+
+
+async def test_a_call_keeps_one_receipt_for_the_records_it_deletes_not_a_marker_each(make_queue):
+    # Was: one settled marker per completed token (about a tenth of a worker's call), each
+    # later removed by a sweep of maintain.
+    q = make_queue("receipts", retention_completed=0, lock_timeout=30)
+    await q.offer_many([("t", i) for i in range(20)])
+    leases, _ = await q.acquire_many(10)
+    assert len(leases) == 10
+    outcomes, more = await q.engine.complete_and_acquire([(lease, "null") for lease in leases], 10)
+    assert outcomes == [effectmq.protocol.Outcome.COMPLETED] * 10 and len(more) == 10
+    assert await q.redis.zcard(q.keys.key("settled")) == 0
+    receipts = [key async for key in q.redis.scan_iter(match=q.keys.key("r:*"))]
+    assert len(receipts) == 1
+    kept = (await q.redis.get(receipts[0])).split()
+    assert sorted(kept) == sorted(lease.token for lease in leases)
+    # Kept while a resend may come: the lease's deadline, plus the slack.
+    assert 30_000 < await q.redis.pttl(receipts[0]) <= 35_000
+    # A record that is kept needs no receipt: it says which token settled it.
+    await q.configure(retention_completed=60)
+    await q.engine.complete_many([(lease, "null") for lease in more])
+    assert len([key async for key in q.redis.scan_iter(match=q.keys.key("r:*"))]) == 1
+
+
+async def test_a_settlement_resent_after_a_lost_reply_is_found_in_the_receipt(tcp_proxy):
+    q = effectmq.TaskQueue("receipt-resent", url=tcp_proxy.url, lock_timeout=5, retention_completed=0)
+    try:
+        await q.offer_many([("x", i) for i in range(4)])
+        leases, _ = await q.acquire_many(3)
+        stale = leases[2]
+        await q.redis.hset(q.keys.task(stale.task_id), "token", "someone-else")  # this lease is lost
+        tcp_proxy.drop_next_reply()  # acquire is never sent twice: the call fails
+        with pytest.raises(effectmq.RedisUnavailable):
+            await q.engine.complete_and_acquire([(lease, "null") for lease in leases], 1)
+        assert tcp_proxy.replies_dropped == 1
+        assert await q.get(leases[0].task_id) is None  # it landed: the records are gone
+        # The resend, in a call of its own, names the first call's receipt.
+        outcomes = await q.engine.complete_many([(lease, "null") for lease in leases])
+        assert outcomes == [effectmq.protocol.Outcome.COMPLETED] * 2 + [effectmq.protocol.Outcome.LOST]
+        with pytest.raises(effectmq.AlreadySettled, match="completed"):
+            await leases[0].release()
+        with pytest.raises(effectmq.AlreadySettled, match="completed"):
+            await leases[1].fail(RuntimeError("late"))
+        with pytest.raises(effectmq.LeaseLost):
+            await stale.release()
+    finally:
+        await q.close()
+
+
+async def test_a_call_names_only_receipt_keys_it_declared(make_queue):
+    q = make_queue("receipt-keys", retention_completed=0)
+    await q.offer("x", None, task_id="a")
+    lease = await q.acquire()
+    keys = [*q.keys.script_keys, q.keys.task("a")]  # no receipt key for the receipt named
+    with pytest.raises(redis.exceptions.ResponseError, match="undeclared receipt key"):
+        await q.redis.eval(scripts.source("complete"), len(keys), *keys, 0, "mine", "", "a", lease.token, "null")
+    assert (await q.get("a")).state == "active"
