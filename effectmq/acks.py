@@ -17,6 +17,10 @@ their handlers are alike, finish within a fraction of a millisecond of each othe
 A batch waits for the attempts expected to finish within WAVE_SHARE of the usual
 handler time (at most one round trip), since any that finished just after it would
 wait for its reply anyway; without this, a wave split into two calls and stayed split.
+
+No completion waits past its own lease: a call is bounded by the earliest lease it
+carries, and those waiting for the next call by one timer, set for the earliest of
+theirs (a timeout per completion was a tenth of a busy worker's CPU).
 """
 
 from __future__ import annotations
@@ -71,6 +75,8 @@ class CompletionBatcher:
         self.handler_time = JOIN_WAIT  # a moving average of their time to completion
         self._pending_time = 0.0  # the longest time to completion among those pending
         self.call_time = 0.0  # a moving average of a batch's round trip
+        self._expiry: asyncio.TimerHandle | None = None  # for the earliest lease among those pending
+        self._expiry_at = 0.0  # that lease's confirmed_until
 
     async def complete(self, lease: "Lease", result_json: str) -> int:
         """The Outcome the script gave this lease; raises RedisUnavailable or TimeoutError
@@ -84,9 +90,33 @@ class CompletionBatcher:
             self._pending_time = max(self._pending_time, took)
             self.handler_time += (took - self.handler_time) / 8
         self._joined.set()
+        if self._expiry is None or lease.confirmed_until < self._expiry_at:
+            self._expire_at(lease.confirmed_until)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         return await future
+
+    def _expire_at(self, confirmed_until: float) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+        loop = asyncio.get_running_loop()
+        self._expiry_at = confirmed_until
+        self._expiry = loop.call_at(loop.time() + confirmed_until - time.monotonic(), self._expire)
+
+    def _expire(self) -> None:
+        """Completions still pending whose lease ran out get TimeoutError (their outcome is
+        unknown to them: a resend may follow while they may); the timer moves on."""
+        self._expiry = None
+        now, kept = time.monotonic(), []
+        for entry in self._pending:
+            lease, _, future = entry
+            if lease.confirmed_until > now:
+                kept.append(entry)
+            elif not future.done():
+                future.set_exception(TimeoutError(f"task {lease.task_id}: its lease ran out before its batch went"))
+        self._pending = kept
+        if kept:
+            self._expire_at(min(lease.confirmed_until for lease, _, _ in kept))
 
     def started(self, leases: list["Lease"]) -> None:
         """Attempts that began now (their handlers' time is measured from here)."""

@@ -476,11 +476,14 @@ class Worker:
         resend is answered with how it settled) until the lease can no longer be ours.
         Returns the true outcome, for metrics and logs."""
         backoff = 0.05
+        bounded = operation == "complete"  # by CompletionBatcher, to its lease
         while True:
             try:  # a hung connection must not hold an acknowledgement past the lease
-                left = max(0.01, lease.confirmed_until - time.monotonic())
-                async with asyncio.timeout(left):
+                if bounded:
                     result = await call(*args, **kwargs)
+                else:
+                    async with asyncio.timeout(max(0.01, lease.confirmed_until - time.monotonic())):
+                        result = await call(*args, **kwargs)
                 if operation == "fail":
                     return "retry" if result else "failed"
                 return "completed" if operation == "complete" else "released"

@@ -374,3 +374,26 @@ async def test_a_newer_attempt_of_a_task_interrupts_the_older_one_and_a_stale_on
         for attempt in list(w._attempts.values()):
             attempt.task.cancel()
         await asyncio.gather(*(a.task for a in list(w._attempts.values())), return_exceptions=True)
+
+
+async def test_a_completion_waits_for_a_hung_call_no_longer_than_its_own_lease(tcp_proxy):
+    # The batcher bounds each completion by its lease, not only the call it joins: one that
+    # waits behind a call whose leases run longer gives up when its own lease ends.
+    q = effectmq.TaskQueue("hung-ack", url=tcp_proxy.url, lock_timeout=30, retention_completed=0)
+    try:
+        await q.offer_many([("x", i) for i in range(2)])
+        (long, short), _ = await q.acquire_many(2)
+        short.confirmed_until = time.monotonic() + 0.5  # as if its last renewal was long ago
+        batcher = effectmq.acks.CompletionBatcher(q.engine)
+        tcp_proxy.cut(drop_existing=False)  # every call from now on hangs
+        first = asyncio.create_task(batcher.complete(long, "null"))
+        await asyncio.sleep(0.05)  # on its way, bounded by its own 30 s lease
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(5):
+                await batcher.complete(short, "null")
+        assert time.monotonic() - started < 2, "it waited for the hung call, not its own lease"
+        first.cancel()
+    finally:
+        tcp_proxy.restore()
+        await q.close()
