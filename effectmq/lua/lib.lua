@@ -21,7 +21,8 @@ Every script receives the same queue-level KEYS first (all share the queue's has
                        completed, "f:<slot>" = failed for good in that minute
   KEYS[13] workers     hash of live worker processes: name -> "in_flight concurrency expires_ms"
   KEYS[14] settled     zset of settlements whose record is gone while a resend may still come:
-                       outcome..":"..token, score = the lease deadline plus a slack
+                       outcome..":"..token, score = the lease deadline plus a slack (a
+                       completion that deletes its record is kept in its call's receipt)
   KEYS[15] waiters     zset of task ids somebody waits on (TaskQueue.wait), score = expiry
                        of that interest; a settlement publishes base.."done:"..id only then
   KEYS[16] peeked      string "token_prefix score": the last waiting id an acquire reply
