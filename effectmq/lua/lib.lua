@@ -285,7 +285,6 @@ local function forget(id, key, now, lease, outcome)
   if f[3] and f[3] ~= '' and outcome and resend_until > now then  -- a resend may still come
     if receipt and lease and outcome == '1' then  -- '1': OUTCOME_COMPLETED as text
       receipt.tokens[#receipt.tokens + 1] = f[3]
-      receipt.has[f[3]] = true
       if resend_until > receipt.until_ms then receipt.until_ms = resend_until end
     else
       if resend_until ~= resend_was then  -- leases of one call share their deadline
@@ -309,20 +308,26 @@ local receipt_values = nil  -- their values, read on the first lookup
 local function use_receipts(own, resent)
   local ids = {}
   if own ~= '' then ids[1] = own end
-  for id in string.gmatch(resent, '%S+') do ids[#ids + 1] = id end
+  if resent ~= '' then
+    for id in string.gmatch(resent, '%S+') do ids[#ids + 1] = id end
+  end
   local first = #KEYS - #ids
   for i, id in ipairs(ids) do
     local key = BASE .. 'r:' .. id
     if KEYS[first + i] ~= key then error({err = 'ERR undeclared receipt key ' .. key}) end
     receipt_keys[i] = key
   end
-  if own ~= '' then receipt = {key = receipt_keys[1], tokens = {}, has = {}, until_ms = 0} end
+  if own ~= '' then receipt = {key = receipt_keys[1], tokens = {}, until_ms = 0} end
   return #ids
 end
 
 -- Did this call or a receipt it was given complete `token` (and delete its record)?
 local function in_receipts(token)
-  if receipt and receipt.has[token] then return true end
+  if receipt then  -- completed by this call already (a token sent twice in it)
+    for _, done in ipairs(receipt.tokens) do
+      if done == token then return true end
+    end
+  end
   if receipt_values == nil then
     receipt_values = {}
     for i, key in ipairs(receipt_keys) do receipt_values[i] = redis.call('GET', key) or '' end
@@ -334,12 +339,16 @@ local function in_receipts(token)
   return false
 end
 
+-- A lone completion gets a settled marker instead: less memory and work than a key.
 local function keep_receipt()
-  if receipt and #receipt.tokens > 0 then
+  if receipt == nil or #receipt.tokens == 0 then return end
+  if #receipt.tokens == 1 then
+    zadd_later(K_SETTLED, int_text(receipt.until_ms), '1:' .. receipt.tokens[1])  -- OUTCOME_COMPLETED
+  else
     redis.call('SET', receipt.key, ' ' .. table.concat(receipt.tokens, ' ') .. ' ', 'PX',
       int_text(receipt.until_ms - now_ms()))
-    receipt.tokens = {}
   end
+  receipt.tokens = {}
 end
 
 -- Remember that `token` settled this task with `outcome`.

@@ -320,10 +320,14 @@ async def test_a_call_keeps_one_receipt_for_the_records_it_deletes_not_a_marker_
     assert sorted(kept) == sorted(lease.token for lease in leases)
     # Kept while a resend may come: the lease's deadline, plus the slack.
     assert 30_000 < await q.redis.pttl(receipts[0]) <= 35_000
-    # A record that is kept needs no receipt: it says which token settled it.
+    # A lone completion gets a settled marker: less memory than a key of its own.
+    await q.engine.complete_many([(more[0], "null")])
+    assert await q.redis.zcard(q.keys.key("settled")) == 1
+    # A record that is kept needs neither: it says which token settled it.
     await q.configure(retention_completed=60)
-    await q.engine.complete_many([(lease, "null") for lease in more])
+    await q.engine.complete_many([(lease, "null") for lease in more[1:]])
     assert len([key async for key in q.redis.scan_iter(match=q.keys.key("r:*"))]) == 1
+    assert await q.redis.zcard(q.keys.key("settled")) == 1
 
 
 async def test_a_settlement_resent_after_a_lost_reply_is_found_in_the_receipt(tcp_proxy):
