@@ -59,3 +59,18 @@ def command_calls(client: redis.Redis) -> dict[str, int]:
 
 def calls_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
+
+
+@contextlib.asynccontextmanager
+async def private_client():
+    """An asyncio client (decoded replies) of a private redis-server, stopped on exit."""
+    import redis.asyncio as aioredis
+
+    proc, port, _ = start_redis()
+    client = aioredis.Redis(port=port, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+        proc.terminate()
+        proc.wait()

@@ -22,9 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import redis.asyncio as aioredis  # noqa: E402
 
-from bench._redis import start_redis  # noqa: E402
+from bench._redis import private_client  # noqa: E402
 from bench.script_cost import busy_worker  # noqa: E402
 
 
@@ -39,9 +38,7 @@ async def main() -> None:
     parser.add_argument("--pauses", type=float, nargs="+", default=[0, 1, 5, 10], help="ms between calls")
     parser.add_argument("--calls", type=int, default=400, help="calls measured per k and pause")
     args = parser.parse_args()
-    proc, port, _ = start_redis()
-    client = aioredis.Redis(port=port, decode_responses=True)
-    try:
+    async with private_client() as client:
         before = await redis_cpu(client)
         await asyncio.sleep(3)
         idle = (await redis_cpu(client) - before) / 3
@@ -59,10 +56,6 @@ async def main() -> None:
                 per_call = (spent - idle_part) / args.calls * 1e6
                 print(f"k={k:3d} pause {pause:4g} ms: {per_call:7.1f} us per call, {per_call / k:6.1f} per task "
                       f"(and {idle_part / args.calls * 1e6:5.1f} us per call of idle time)", flush=True)
-    finally:
-        await client.aclose()
-        proc.terminate()
-        proc.wait()
 
 
 if __name__ == "__main__":

@@ -22,10 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import redis.asyncio as aioredis  # noqa: E402
 
 import effectmq  # noqa: E402
-from bench._redis import start_redis  # noqa: E402
+from bench._redis import private_client  # noqa: E402
 
 
 async def held_per_task(client, tasks: int, k: int) -> tuple[float, int, int]:
@@ -57,17 +56,11 @@ async def main() -> None:
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--k", type=int, nargs="+", default=[10], help="completions and leases per call")
     args = parser.parse_args()
-    proc, port, _ = start_redis()
-    client = aioredis.Redis(port=port, decode_responses=True)
-    try:
+    async with private_client() as client:
         for k in args.k:
             per_task, markers, receipts = await held_per_task(client, args.tasks, k)
             print(f"k={k:3d}: {per_task:6.0f} B held per completed task; settled markers {markers:,}, "
                   f"receipts {receipts:,}", flush=True)
-    finally:
-        await client.aclose()
-        proc.terminate()
-        proc.wait()
 
 
 if __name__ == "__main__":
