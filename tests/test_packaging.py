@@ -1,7 +1,11 @@
 """Every Python package in the tree ships: a subpackage missing from pyproject's list
 works from the checkout and breaks in the images."""
 
+import shutil
+import subprocess
+import sys
 import tomllib
+import zipfile
 
 from tests.support.processes import ROOT
 
@@ -15,3 +19,23 @@ def test_pyproject_lists_every_package():
             rel = init.parent.relative_to(path)
             found.add(".".join([name, *rel.parts]))
     assert set(config["packages"]) == found
+
+
+def test_the_wheel_ships_every_data_file(tmp_path):
+    """The Lua scripts and the dashboard's files are data, not packages: a wheel without
+    them imports fine and fails at the first script call or page."""
+    source = tmp_path / "src"
+    for part in ("effectmq", "operator"):
+        shutil.copytree(ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert "absent from the `packages` configuration" not in built.stderr
+    (wheel,) = (tmp_path / "dist").glob("effectmq-*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    expected = {str(path.relative_to(ROOT)) for path in (ROOT / "effectmq").rglob("*")
+                if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts}
+    assert len(expected) > 20
+    assert expected <= shipped, sorted(expected - shipped)
