@@ -76,7 +76,7 @@ async def cmd_worker(args) -> int:
     worker = Worker(queue, target, concurrency=args.concurrency, lock_timeout=args.lock_timeout,
                     lock_refresh=args.lock_refresh, drain_timeout=args.drain_timeout,
                     maintenance_interval=args.maintenance_interval, maintenance_batch=args.maintenance_batch,
-                    metrics_port=args.metrics_port,
+                    metrics_port=args.metrics_port, loop_block_warning=args.loop_block_warning or None,
                     name=env("EFFECTMQ_WORKER_NAME") or env("HOSTNAME"))
     try:
         await worker.run()
@@ -200,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="items per sweep of one maintenance call [EFFECTMQ_MAINTENANCE_BATCH]")
     w.add_argument("--metrics-port", type=int, default=env("EFFECTMQ_METRICS_PORT", None, int),
                    help="serve Prometheus metrics on this port [EFFECTMQ_METRICS_PORT]")
+    w.add_argument("--loop-block-warning", type=float, default=env("EFFECTMQ_LOOP_BLOCK_WARNING", 1.0, float),
+                   help="warn, with the stuck stack, when the event loop runs nothing for this many seconds "
+                   "(0 = off) [EFFECTMQ_LOOP_BLOCK_WARNING]")
     w.add_argument("--loop", choices=LOOPS, default=env("EFFECTMQ_LOOP", "asyncio"),
                    help="event loop: asyncio's, uvloop (pip install effectmq[uvloop]), or auto = uvloop "
                    "when installed [EFFECTMQ_LOOP]")

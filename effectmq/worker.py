@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping
 
 from . import codec, heartbeat, maintenance, metrics, protocol
+from .loopwatch import LoopWatch
 from .acks import CompletionBatcher
 from .app import App, TaskDef
 from .aio import cancel_and_wait
@@ -129,7 +130,7 @@ class Worker:
                  concurrency: int = 10, lock_timeout: float | None = None, lock_refresh: float | None = None,
                  drain_timeout: float = 30.0, maintenance_interval: float = 5.0, maintenance_batch: int = 100,
                  idle_poll: float = 5.0, metrics_port: int | None = None, install_signal_handlers: bool = True,
-                 name: str | None = None):
+                 name: str | None = None, loop_block_warning: float | None = 1.0):
         if isinstance(queue_or_app, App):
             self.app: App | None = queue_or_app
             self.queue = queue_or_app.queue
@@ -157,6 +158,8 @@ class Worker:
         self.maintenance_interval = maintenance_interval
         self.maintenance_batch = maintenance_batch
         self.idle_poll = idle_poll
+        check_number("loop_block_warning", loop_block_warning, minimum=0.05)
+        self.loop_block_warning = loop_block_warning  # seconds; None: no watchdog
         self.metrics_port = metrics_port
         self.install_signal_handlers = install_signal_handlers
         self.name = name or f"worker-{random.getrandbits(32):08x}"
@@ -202,6 +205,10 @@ class Worker:
             metrics.start_server(self.metrics_port, ready=lambda: self.ready and not self._stopping.is_set())
         helpers: list[asyncio.Task] = []
         wake = None
+        watch = None
+        if self.loop_block_warning is not None:
+            watch = LoopWatch(self._q, self.loop_block_warning, self._describe_leases)
+            watch.start(loop)
         try:
             if await self._wait_for_redis():
                 wake = await self.queue.wake_signal().start()
@@ -217,6 +224,8 @@ class Worker:
                 await self._drain()
         finally:
             self._closing.set()  # helpers end their loops; a lost cancel cannot keep them going
+            if watch is not None:
+                watch.stop()
             await cancel_and_wait(helpers + list(self._background), HELPER_STOP_TIMEOUT)
             if wake is not None:
                 await wake.close(HELPER_STOP_TIMEOUT)
@@ -576,6 +585,16 @@ class Worker:
                     attempt.lease.lock_timeout, self.lock_refresh)
             else:
                 self._interrupt(attempt, "lease lost")
+
+    def _describe_leases(self) -> str:
+        """What a blocked loop risks (read from the watchdog's thread: reads only)."""
+        attempts = list(self._attempts.values())
+        if not attempts:
+            return ""
+        nearest = min(a.lease.confirmed_until for a in attempts) - time.monotonic()
+        names = sorted({a.lease.name for a in attempts})
+        return (f"; {len(attempts)} attempts in flight ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''}),"
+                f" the nearest lease confirmed for {max(0.0, nearest):.1f} s more")
 
     def _interrupt(self, attempt: _Attempt, why: str) -> None:
         if attempt.lost:

@@ -41,11 +41,11 @@ ALL_ON = ["--set", "dashboard.enabled=true", "--set", "redis.enabled=true",
           "--set", "podMonitor.enabled=true", "--set", "prometheusRule.enabled=true"]
 WITH_ACTIONS = ["--set", "dashboard.actions.enabled=true", "--set", "dashboard.actions.existingSecret=dash-token"]
 ALERTS = {"EffectMQOldestWaitingHigh", "EffectMQStallRateHigh", "EffectMQDeadLettersGrowing",
-          "EffectMQMaintenanceLagging", "EffectMQOperatorPollErrors"}
+          "EffectMQMaintenanceLagging", "EffectMQWorkerEventLoopBlocked", "EffectMQOperatorPollErrors"}
 # What users look for on a queue dashboard (issue 16): one panel each, by title.
 PANELS = {"Backlog per state", "Throughput", "Failure rate", "Oldest waiting age", "Stalls recovered",
           "Lease losses", "Attempt duration percentiles", "In flight", "Worker Redis readiness",
-          "Maintenance age", "Operator poll errors", "Desired replicas"}
+          "Maintenance age", "Event loop lag", "Operator poll errors", "Desired replicas"}
 
 
 # --------------------------------------------------------------------------

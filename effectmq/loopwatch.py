@@ -1,0 +1,102 @@
+"""A watchdog for the worker's event loop.
+
+An async handler that blocks the loop (a sync HTTP call, time.sleep, heavy CPU) stops
+every heartbeat of the process with it: all its leases run out and their tasks run
+again elsewhere, which looks like stalls with no cause. The loop ticks a timestamp;
+a daemon thread notices when the ticks stop and logs, once per block and while it
+lasts, where the loop is stuck (its stack). Every tick's lateness goes into the
+histogram effectmq_worker_event_loop_lag_seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Callable
+
+from . import metrics
+
+log = logging.getLogger("effectmq.worker")
+TICK = 0.1  # seconds between the loop's ticks
+STACK_FRAMES = 12  # innermost frames of the stuck loop's stack that a warning shows
+ASYNCIO_DIR = os.sep + "asyncio" + os.sep
+
+
+def newly_blocked(now: float, last_tick: float, warn_after: float, warned_for: float | None) -> bool:
+    """Whether a block is to be reported now: the loop has not ticked for `warn_after`
+    and this block (known by its last tick) was not reported yet."""
+    return now - last_tick >= warn_after and warned_for != last_tick
+
+
+class LoopWatch:
+    """Ticks on `loop`, watched from a thread; `describe()` adds what the loop held
+    (called from the watching thread while the loop is stuck, so it must only read)."""
+
+    def __init__(self, queue: str, warn_after: float, describe: Callable[[], str] = lambda: "") -> None:
+        self.warn_after = warn_after
+        self.describe = describe
+        self._lag = metrics.LOOP_LAG.labels(queue)
+        self._stop = threading.Event()
+        self._last_tick = time.monotonic()
+        self._handle: asyncio.TimerHandle | None = None
+        self._thread: threading.Thread | None = None
+        self._loop_thread = threading.get_ident()
+        self.blocks_reported = 0
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop_thread = threading.get_ident()
+        self._last_tick = time.monotonic()
+        self._handle = loop.call_later(TICK, self._tick, loop, self._last_tick + TICK)
+        self._thread = threading.Thread(target=self._watch, name="effectmq-loopwatch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._handle is not None:
+            self._handle.cancel()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+
+    def _tick(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
+        now = time.monotonic()
+        self._lag.observe(max(0.0, now - due))
+        if now - self._last_tick >= self.warn_after:  # the watcher reported it: now its length is known
+            log.warning("event loop ran again after %.1f s blocked", now - self._last_tick)
+        self._last_tick = now
+        if not self._stop.is_set():
+            self._handle = loop.call_later(TICK, self._tick, loop, now + TICK)
+
+    def _watch(self) -> None:
+        warned_for: float | None = None
+        while not self._stop.wait(TICK / 2):
+            last = self._last_tick
+            if newly_blocked(time.monotonic(), last, self.warn_after, warned_for):
+                warned_for = last
+                self.blocks_reported += 1
+                self._report(time.monotonic() - last)
+
+    def _report(self, blocked: float) -> None:
+        frame = sys._current_frames().get(self._loop_thread)
+        where = "".join(traceback.format_list(_handler_frames(frame))) if frame is not None else "(no stack)\n"
+        try:
+            held = self.describe()
+        except Exception as exc:  # noqa: BLE001 - the loop changed what describe reads meanwhile
+            held = f"({type(exc).__name__} while describing)"
+        log.warning("event loop blocked for %.1f s: no heartbeat can run until it returns, so the leases of "
+                    "this process may run out and their tasks run again elsewhere%s. "
+                    "Blocking code in an async handler belongs in a sync handler (a thread) or "
+                    "asyncio.to_thread. The loop is at:\n%s", blocked, held, where.rstrip("\n"))
+
+
+def _handler_frames(frame) -> traceback.StackSummary:
+    """The stuck stack from the frame asyncio's loop called (the task's code) inwards."""
+    frames = traceback.extract_stack(frame)
+    inside_loop = [i for i, f in enumerate(frames) if ASYNCIO_DIR in f.filename]
+    if inside_loop and inside_loop[-1] + 1 < len(frames):
+        frames = traceback.StackSummary.from_list(frames[inside_loop[-1] + 1:])
+    return traceback.StackSummary.from_list(frames[-STACK_FRAMES:])

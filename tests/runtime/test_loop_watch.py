@@ -1,0 +1,99 @@
+"""The worker's event-loop watchdog: an async handler that blocks the loop stops every
+heartbeat of the process, so the worker says so, once per block, with the stuck stack."""
+
+import asyncio
+import logging
+import time
+
+import pytest
+from prometheus_client import REGISTRY
+
+import effectmq
+from effectmq.loopwatch import newly_blocked
+from tests.support.inprocess import make_worker, running
+
+LAG = "effectmq_worker_event_loop_lag_seconds"
+
+
+def lag_samples(queue: str) -> tuple[float, float]:
+    """Ticks observed for `queue`, and those at most 1 s late."""
+    count = REGISTRY.get_sample_value(f"{LAG}_count", {"queue": queue}) or 0.0
+    on_time = REGISTRY.get_sample_value(f"{LAG}_bucket", {"queue": queue, "le": "1.0"}) or 0.0
+    return count, on_time
+
+
+def block_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("event loop blocked")]
+
+
+async def test_a_handler_that_blocks_the_loop_is_reported_with_where_it_is_stuck(make_queue, caplog):
+    queue = make_queue("blocking", lock_timeout=30)
+    caplog.set_level(logging.WARNING, logger="effectmq")
+
+    async def resize_image(payload):
+        time.sleep(1.6)  # a sync call inside an async handler
+        return "done"
+
+    before = lag_samples("blocking")
+    async with running(make_worker(queue, {"resize": resize_image})):
+        await queue.offer("resize", None, task_id="r1")
+        assert await queue.wait("r1", timeout=10) == "done"
+    count, on_time = lag_samples("blocking")
+
+    (warning,) = block_warnings(caplog)
+    assert "time.sleep(1.6)" in warning and "in resize_image" in warning
+    assert "1 attempts in flight (resize)" in warning
+    assert "base_events.py" not in warning  # from the task's code in, not the loop's own frames
+    (again,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("event loop ran again")]
+    assert 1.5 <= float(again.split()[5]) < 3  # "event loop ran again after X s blocked"
+    assert float(warning.split()[4]) >= 1.0  # "event loop blocked for X s"
+    assert count - before[0] > 0
+    assert (count - before[0]) - (on_time - before[1]) == 1  # the one late tick, 1.6 s late
+
+
+async def test_two_blocks_are_two_warnings_and_awaiting_is_none(make_queue, caplog):
+    queue = make_queue("twice", lock_timeout=30)
+    caplog.set_level(logging.WARNING, logger="effectmq")
+
+    async def patient(payload):
+        await asyncio.sleep(1.5)
+
+    async def stuck(payload):
+        time.sleep(1.3)
+
+    async with running(make_worker(queue, {"patient": patient, "stuck": stuck}, concurrency=1)):
+        await queue.offer("patient", None, task_id="p")
+        await queue.wait("p", timeout=10)
+        assert block_warnings(caplog) == []
+        for i in range(2):
+            await queue.offer("stuck", None, task_id=f"s{i}")
+            await queue.wait(f"s{i}", timeout=10)
+    assert len(block_warnings(caplog)) == 2
+
+
+async def test_the_watchdog_can_be_turned_off(make_queue, caplog):
+    queue = make_queue("unwatched", lock_timeout=30)
+    caplog.set_level(logging.WARNING, logger="effectmq")
+
+    async def stuck(payload):
+        time.sleep(1.3)
+
+    async with running(make_worker(queue, {"stuck": stuck}, loop_block_warning=None)):
+        await queue.offer("stuck", None, task_id="s")
+        await queue.wait("s", timeout=10)
+    assert block_warnings(caplog) == []
+    assert lag_samples("unwatched") == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("bad", [0, -1, "1", float("nan")])
+def test_a_bad_threshold_is_refused(make_queue, bad):
+    with pytest.raises(effectmq.InvalidOption, match="loop_block_warning"):
+        make_worker(make_queue("bad"), {"x": lambda p: p}, loop_block_warning=bad)
+
+
+def test_a_block_is_reported_once_however_long_it_lasts():
+    last = 100.0
+    assert not newly_blocked(100.9, last, 1.0, None)
+    assert newly_blocked(101.0, last, 1.0, None)
+    assert not newly_blocked(105.0, last, 1.0, warned_for=last)
+    assert newly_blocked(107.0, 106.0, 1.0, warned_for=last)  # the loop ticked since: a new block
