@@ -539,10 +539,11 @@ class MaintainArgs(ScriptArgs[MaintainReply]):
     max_stalled_count: int
     stalled_error: str  # JSON
     retention_ms: int
+    retried_stall: str  # JSON
     candidates: Sequence[str | bytes] = declared_keys()  # ids read from the indexes first
 
     def argv(self) -> list:
-        return [self.batch, self.max_stalled_count, self.stalled_error, self.retention_ms]
+        return [self.batch, self.max_stalled_count, self.stalled_error, self.retention_ms, self.retried_stall]
 
     def task_ids(self) -> Sequence[str | bytes]:
         return self.candidates

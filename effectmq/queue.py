@@ -55,6 +55,9 @@ _SECONDS_SETTINGS = {"lock_timeout", "retention_completed", "retention_failed", 
 TASK_SWEEPS = ("active", "delayed", "completed", "failed", "canceled")
 # Indexes maintain.lua sweeps by itself (their members touch no task hash).
 OWN_SWEEPS = ("dedup", "settled", "waiters")
+# The history entry of a stall, and the error of a task that stalled past max_stalled_count
+STALL_RETRIED = codec.dumps(ErrorInfo(STALLED, "lease expired; the task went back to waiting", kind="stall").to_json())
+STALLED_TOO_OFTEN = codec.dumps(ErrorInfo(STALLED, "lease expired too many times", kind="stall").to_json())
 # How long a registered waiter counts as waiting (wait() registers again after half of
 # it); and how often wait() reads the state again without a message.
 WAITER_TTL = 60.0
@@ -376,9 +379,9 @@ class TaskQueue(OwnsConnection):
                 return MaintenanceReport(0, 0, 0, 0, 0, False)
             candidates = [task_id for ids in due[:len(TASK_SWEEPS)] for task_id in ids]
             cut_short = any(len(ids) == batch for ids in due[:len(TASK_SWEEPS)])
-        err = codec.dumps(ErrorInfo(STALLED, "lease expired too many times", kind="stall").to_json())
-        reply = await self._scripts.run(protocol.MaintainArgs(batch, self.max_stalled_count, err,
-                                                              retention_ms(self.retention_failed), candidates))
+        reply = await self._scripts.run(protocol.MaintainArgs(batch, self.max_stalled_count, STALLED_TOO_OFTEN,
+                                                              retention_ms(self.retention_failed), STALL_RETRIED,
+                                                              candidates))
         return MaintenanceReport(**{**dataclasses.asdict(reply), "more": reply.more or cut_short})
 
     async def sweep(self, *, batch: int = 100, budget: float = 1.0) -> MaintenanceReport:

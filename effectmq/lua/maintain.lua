@@ -5,8 +5,10 @@ KEYS: the queue keys of lib.lua, then candidates: the task hashes of ids the cal
   (their lowest scores); each is checked here again by Redis time.
 ARGV[1] batch              the sweeps of dedup, settled and waiters remove at most this many each
 ARGV[2] max_stalled_count  the default (task option, then meta max_stalled_count, then this)
-ARGV[3] stalled_error      JSON, tag ~effectmq/Error/Stalled
+ARGV[3] stalled_error      JSON, tag ~effectmq/Error/Stalled: the error of a task that stalled too often
 ARGV[4] retention_ms       for failed records (meta retention_failed_ms wins; -1 = keep)
+ARGV[5] retried_stall      JSON, tag ~effectmq/Error/Stalled: a stall's entry in the history when
+  the task goes back to waiting
 A candidate that is due: an expired lease is a stall (counted; the task goes back to
 waiting or fails), a delayed task is promoted, a terminal record past its retention is
 forgotten; any other candidate is left alone.
@@ -37,7 +39,7 @@ for _, id in ipairs(candidates) do
       local stalls = redis.call('HINCRBY', key, 'stalled_attempt_count', 1)
       local limit = task_option(key, 'max_stalled_count', 'max_stalled_count', ARGV[2])
       redis.call('HSET', key, 'token', '')
-      record_attempt(key, 'stalled', ARGV[3], now)
+      record_attempt(key, 'stalled', stalls > limit and ARGV[3] or ARGV[5], now)
       if stalls > limit then
         redis.call('HSET', key, 'error', ARGV[3])
         emit('failed', id, 'kind', 'stall', 'retry_at', -1)

@@ -147,3 +147,16 @@ async def test_batched_completion_checks_each_token(queue):
     assert await queue.complete_many([(leases[0], '"again"'), (fresh, '"b"')]) == [Outcome.COMPLETED] * 2
     results = [(await queue.get(f"b{i}")).result for i in range(3)]
     assert results == ["a", "b", "c"]
+
+
+async def test_the_history_tells_a_stall_that_was_retried_from_the_one_that_ended_the_task(queue):
+    await queue.offer("charge", {"amount": 5}, task_id="h1", max_stalled_count=1)
+    for _ in range(2):
+        await expire(queue, await queue.acquire())
+    info = await queue.get("h1")
+    assert info.state == "failed" and info.stalled_attempt_count == 2
+    retried, ended = info.attempts
+    assert (retried.outcome, ended.outcome) == ("stalled", "stalled")
+    assert retried.error.tag == ended.error.tag == effectmq.STALLED
+    assert "too many" not in retried.error.message and "back to waiting" in retried.error.message
+    assert "too many times" in ended.error.message and info.error.message == ended.error.message

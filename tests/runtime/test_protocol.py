@@ -262,7 +262,7 @@ def test_replies_parse_into_named_fields():
     assert (reply.status, reply.granted, reply.next_due_in) == (AcquireStatus.LIMITED, 1.0, None)
     assert (reply.ready, reply.due, reply.outcomes) == ((b"t2",), (), (Outcome.COMPLETED, Outcome.LOST))
     assert reply.leases[0].values["token"] == "tok:1"
-    assert protocol.MaintainArgs(1, 1, "", -1).parse([1, 2, 3, 4, 5, 1]) == protocol.MaintainReply(1, 2, 3, 4, 5, True)
+    assert protocol.MaintainArgs(1, 1, "", -1, "").parse([1, 2, 3, 4, 5, 1]) == protocol.MaintainReply(1, 2, 3, 4, 5, True)
     assert protocol.FailArgs("t", "k", "{}", -1, 3, -1).parse([3, 1, -1]).outcome is Outcome.FAILED
     assert protocol.CancelArgs("t", "{}", -1).parse("").previous_state is None
 
