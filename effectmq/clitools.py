@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, Callable
 
 URL_HELP = ("Redis URL: redis://, rediss://, unix://, redis+sentinel://h1:p1,h2:p2/<service> or "
             "redis+cluster://h1:p1,h2:p2 (a Redis Cluster) [EFFECTMQ_REDIS_URL]")
 
 
+CAST_KINDS = {int: "an integer", float: "a number"}
+
+
 def env(name: str, default: Any = None, cast: Callable = str) -> Any:
-    """An option's default from the environment (how the operator configures pods)."""
+    """An option's default from the environment (how the operator configures pods); a
+    value that does not parse is a usage error (exit 2) that names the variable."""
     value = os.environ.get(name)
-    return default if value in (None, "") else cast(value)
+    if value in (None, ""):
+        return default
+    try:
+        return cast(value)
+    except ValueError:
+        print(f"effectmq: {name} must be {CAST_KINDS.get(cast, 'valid')}, got {value!r}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def emit(args, value: Any, human: Callable[[Any], str]) -> None:

@@ -1,6 +1,7 @@
 """Bad input gets a clear error and loses nothing."""
 
 import math
+import os
 import subprocess
 import sys
 
@@ -87,6 +88,16 @@ async def test_unreachable_redis_gives_a_clear_error():
 def cli(*args, env=None, timeout=30):
     return subprocess.run([sys.executable, "-m", "effectmq", *args], cwd=ROOT, capture_output=True, text=True,
                           env=env, timeout=timeout)
+
+
+def test_a_bad_option_in_the_environment_is_a_clear_error_not_a_traceback():
+    # how the operator configures worker pods: a typo in a Queue's worker env lands here
+    for name, value, kind in [("EFFECTMQ_CONCURRENCY", "ten", "an integer"),
+                              ("EFFECTMQ_LOCK_TIMEOUT", "30s", "a number"),
+                              ("EFFECTMQ_LOOP_BLOCK_WARNING", "abc", "a number")]:
+        res = cli("worker", "tests.support.handlers:app", "--queue", "q", env={**os.environ, name: value})
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert f"{name} must be {kind}, got {value!r}" in res.stderr
 
 
 def test_worker_cli_reports_bad_handlers():
