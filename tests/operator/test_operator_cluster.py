@@ -63,8 +63,10 @@ def test_queues_on_a_redis_cluster_get_deployments_conditions_and_scaling(kube_c
         name = full.split("/", 1)[1]
         wait_for(lambda: get(plane, ns, "deployment", f"{name}-worker")["spec"]["replicas"] == 3, timeout=20,
                  what=f"{name} scaled to 3")
-        status = get(plane, ns, "queue", name)["status"]
-        assert status["backlog"]["waiting"] == 250
+        # the status is written after the Deployment is scaled: a moment later, not at once
+        wait_for(lambda: (get(plane, ns, "queue", name)["status"].get("backlog") or {}).get("waiting") == 250,
+                 timeout=10, what=f"{name}'s status showing its 250 waiting tasks")
+        assert get(plane, ns, "queue", name)["status"]["desiredReplicas"] == 3
     for name in QUEUES:
         text = yaml.safe_dump(get(plane, ns, "queue", name))
         assert PASSWORD not in text and quote(PASSWORD, safe="") not in text
