@@ -11,7 +11,7 @@ URL_HELP = ("Redis URL: redis://, rediss://, unix://, redis+sentinel://h1:p1,h2:
             "redis+cluster://h1:p1,h2:p2 (a Redis Cluster) [EFFECTMQ_REDIS_URL]")
 
 
-CAST_KINDS = {int: "an integer", float: "a number"}
+CAST_KINDS: dict[Callable, str] = {int: "an integer", float: "a number"}
 
 
 def env(name: str, default: Any = None, cast: Callable = str) -> Any:
