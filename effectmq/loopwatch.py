@@ -45,8 +45,7 @@ class LoopWatch:
         self._last_tick = time.monotonic()
         self._handle: asyncio.TimerHandle | None = None
         self._thread: threading.Thread | None = None
-        self._loop_thread = threading.get_ident()
-        self.blocks_reported = 0
+        self._loop_thread = 0  # the thread that runs the loop, known at start()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop_thread = threading.get_ident()
@@ -65,7 +64,8 @@ class LoopWatch:
     def _tick(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
         now = time.monotonic()
         self._lag.observe(max(0.0, now - due))
-        if now - self._last_tick >= self.warn_after:  # the watcher reported it: now its length is known
+        # a block the watcher reported while it lasted: now its length is known
+        if newly_blocked(now, self._last_tick, self.warn_after, None):
             log.warning("event loop ran again after %.1f s blocked", now - self._last_tick)
         self._last_tick = now
         if not self._stop.is_set():
@@ -74,11 +74,10 @@ class LoopWatch:
     def _watch(self) -> None:
         warned_for: float | None = None
         while not self._stop.wait(TICK / 2):
-            last = self._last_tick
-            if newly_blocked(time.monotonic(), last, self.warn_after, warned_for):
+            last, now = self._last_tick, time.monotonic()
+            if newly_blocked(now, last, self.warn_after, warned_for):
                 warned_for = last
-                self.blocks_reported += 1
-                self._report(time.monotonic() - last)
+                self._report(now - last)
 
     def _report(self, blocked: float) -> None:
         frame = sys._current_frames().get(self._loop_thread)
@@ -97,6 +96,5 @@ def _handler_frames(frame) -> traceback.StackSummary:
     """The stuck stack from the frame asyncio's loop called (the task's code) inwards."""
     frames = traceback.extract_stack(frame)
     inside_loop = [i for i, f in enumerate(frames) if ASYNCIO_DIR in f.filename]
-    if inside_loop and inside_loop[-1] + 1 < len(frames):
-        frames = traceback.StackSummary.from_list(frames[inside_loop[-1] + 1:])
-    return traceback.StackSummary.from_list(frames[-STACK_FRAMES:])
+    start = inside_loop[-1] + 1 if inside_loop and inside_loop[-1] + 1 < len(frames) else 0
+    return traceback.StackSummary.from_list(frames[start:][-STACK_FRAMES:])

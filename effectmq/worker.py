@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping
 
 from . import codec, heartbeat, maintenance, metrics, protocol
-from .loopwatch import LoopWatch
 from .acks import CompletionBatcher
 from .app import App, TaskDef
 from .aio import cancel_and_wait
@@ -31,6 +30,7 @@ from .errors import (
     RedisUnavailable,
 )
 from .engine import Lease
+from .loopwatch import LoopWatch
 from .models import MaintenanceReport
 from .protocol import Outcome
 from .queue import TaskQueue
