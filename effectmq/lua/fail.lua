@@ -20,10 +20,10 @@ if not key then
   use_receipts('', ARGV[7])
   return {outcome_of(id, token), -1, -1}
 end
+redis.call('ZREM', K_ACTIVE, id)  -- the first write frees (FIRST_WRITE_FREES)
 local failures = redis.call('HINCRBY', key, 'handler_failure_count', 1)
 local max_retries = task_option(key, 'max_retries', 'max_retries', ARGV[5])
 local delay = tonumber(ARGV[4])
-redis.call('ZREM', K_ACTIVE, id)
 redis.call('HSET', key, 'error', ARGV[3])
 record_attempt(key, 'failed', ARGV[3], now)
 if delay >= 0 and failures <= max_retries then

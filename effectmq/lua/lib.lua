@@ -374,9 +374,10 @@ local function freed_slot()
   if meta_num('max_active', DEFAULTS.max_active) > 0 then wake() end
 end
 
--- ZREM many members without overflowing Lua's stack with unpack().
-local function zrem_all(index, members)
-  for i = 1, #members, 1000 do
+-- ZREM many members (from the `from`th, default the first) without overflowing Lua's
+-- stack with unpack().
+local function zrem_all(index, members, from)
+  for i = from or 1, #members, 1000 do
     redis.call('ZREM', index, unpack(members, i, math.min(i + 999, #members)))
   end
 end
@@ -415,6 +416,14 @@ local function finish(reply)
   flush_counts()
   return reply
 end
+
+-- FIRST_WRITE_FREES. Under maxmemory (noeviction) Redis refuses a command that may grow
+-- memory only as a script's first write: later ones go through, or the script would stop
+-- half done. The scripts that keep a running attempt alive or settle it (renew, complete,
+-- fail, release, acquire's completions) first take the task out of the active index, a
+-- write that frees, so a full Redis still lets the work in flight renew and finish, where
+-- every attempt used to lose its lease and stall; offers and progress are refused. (A
+-- worker's announcement drops its entry first, for the same reason.)
 
 -- Is the caller the current owner, with a lease that has not run out by Redis time?
 -- Returns the task key when it is, and {extra, state, token, lock_until (a number)}.
@@ -475,6 +484,7 @@ local function complete_each(first, retention)
     local key, st = owned(id, token, now, KEYS[QUEUE_KEYS + (i - first) / 3 + 1])
     if key then
       done[#done + 1] = id
+      if #done == 1 then redis.call('ZREM', K_ACTIVE, id) end  -- the first write frees (FIRST_WRITE_FREES)
       emit('completed', id)
       local kept = nil  -- the fields of a record that is kept (built only then)
       if retention ~= 0 then
@@ -487,7 +497,7 @@ local function complete_each(first, retention)
     end
   end
   if #done > 0 then
-    zrem_all(K_ACTIVE, done)
+    zrem_all(K_ACTIVE, done, 2)  -- the first left already
     freed_slot()
   end
   return outcomes, #done

@@ -16,7 +16,7 @@ if not key then
   return outcome_of(id, token)
 end
 local delay = tonumber(ARGV[3])
-redis.call('ZREM', K_ACTIVE, id)
+redis.call('ZREM', K_ACTIVE, id)  -- the first write frees (FIRST_WRITE_FREES)
 record_outcome(key, token, OUTCOME_RELEASED)
 record_attempt(key, 'released', nil, now)
 emit('released', id)

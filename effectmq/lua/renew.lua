@@ -8,15 +8,21 @@ local now = now_ms()
 local deadline = now + meta_num('lock_timeout_ms', ARGV[1])
 local out = {now, deadline}
 local deadline_text = int_text(deadline)
+local ids, keys = {}, {}  -- of the leases still owned
 for i = 2, #ARGV, 2 do
-  local id = ARGV[i]
-  local key = owned(id, ARGV[i + 1], now)
+  local key = owned(ARGV[i], ARGV[i + 1], now)
   if key then
-    redis.call('HSET', key, 'lock_until', deadline_text)
-    redis.call('ZADD', K_ACTIVE, 'XX', deadline_text, id)
+    ids[#ids + 1], keys[#keys + 1] = ARGV[i], key
     out[#out + 1] = 1
   else
     out[#out + 1] = 0
   end
 end
+-- They leave the active index first and come back with the new deadline (FIRST_WRITE_FREES).
+zrem_all(K_ACTIVE, ids)
+for j, key in ipairs(keys) do
+  redis.call('HSET', key, 'lock_until', deadline_text)
+  zadd_later(K_ACTIVE, deadline_text, ids[j])
+end
+flush_adds()
 return out

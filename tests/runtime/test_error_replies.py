@@ -190,3 +190,55 @@ def test_a_reply_to_a_pipelined_command_is_classified_by_its_own_code(text, code
     assert str(reply).startswith("Command # 1 (ZRANGE"), str(reply)
     kind = classify_reply(reply)
     assert (kind.code, kind.retryable) == (code, retryable), (str(reply), kind)
+
+
+async def test_a_full_redis_lets_the_attempts_in_flight_renew_and_settle(make_redis):
+    """Redis at maxmemory (noeviction) for longer than a lease: offers are refused, but the
+    attempts already running keep their leases and settle, results kept (the default
+    retention), instead of being interrupted and stalling, and the worker stays listed.
+    Before, the first write of renew, complete, fail and the worker's announcement was
+    refused with OOM: every attempt ended ~effectmq/Error/Stalled within 4 s."""
+    server = make_redis()
+    q = effectmq.TaskQueue("full", url=server.url, lock_timeout=1.0)
+    release = asyncio.Event()
+    running_now: set[str] = set()
+
+    async def slow(payload, ctx):
+        running_now.add(ctx.task_id)
+        await release.wait()
+        if payload["fails"]:
+            raise RuntimeError("typed failure, under OOM")
+        return {"done": ctx.task_id}
+
+    worker = make_worker(q, {"slow": slow}, concurrency=4)
+    admin = server.client()
+    async with running(worker):
+        for i in range(4):
+            await q.offer("slow", {"fails": i == 3}, task_id=f"t{i}", max_retries=0)
+        while len(running_now) < 4:
+            await asyncio.sleep(0.02)
+        admin.config_set("maxmemory", "1")
+        try:
+            with pytest.raises(effectmq.RedisUnavailable, match="OOM"):
+                await q.offer("slow", {"fails": False}, task_id="refused")
+            # Longer than six leases and than a worker's announcement lives (6 s): only
+            # renewals and announcements under OOM keep the leases and the worker listed
+            # (the operator spares busy pods on scale-in by that list).
+            await asyncio.sleep(6.5)
+            assert worker.name in await q.workers()
+            release.set()
+            infos = {}
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                infos = {f"t{i}": await q.get(f"t{i}") for i in range(4)}
+                if all(info.state in ("completed", "failed") for info in infos.values()):
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            admin.config_set("maxmemory", "0")
+    await q.close()
+    states = {i: (info.state, info.attempt, info.stalled_attempt_count) for i, info in infos.items()}
+    assert states == {"t0": ("completed", 1, 0), "t1": ("completed", 1, 0), "t2": ("completed", 1, 0),
+                      "t3": ("failed", 1, 0)}, states
+    assert infos["t0"].result == {"done": "t0"}
+    assert infos["t3"].error.tag == "~effectmq/Error/Defect"  # undeclared: a defect, settled once
