@@ -179,8 +179,8 @@ if #named < peek then
   for i = 1, #fresh do
     if not listed[fresh[i]] then named[#named + 1] = fresh[i] end
   end
-  if #fresh > 0 then
-    redis.call('SET', K_PEEKED, ARGV[3] .. ' ' .. redis.call('ZSCORE', K_WAITING, fresh[#fresh]))
+  if #fresh > 0 then  -- a hint: at maxmemory it may be this call's first write, and refused (FIRST_WRITE_FREES)
+    redis.pcall('SET', K_PEEKED, ARGV[3] .. ' ' .. redis.call('ZSCORE', K_WAITING, fresh[#fresh]))
   end
 end
 out[3] = next_due()

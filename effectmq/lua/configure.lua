@@ -11,7 +11,8 @@ Returns: written  the number of fields written. Wakes idle workers (resume, a la
 for i = 1, #ARGV, 2 do
   if ARGV[i + 1] == '' then
     redis.call('HDEL', K_META, ARGV[i])
-  else
+  else  -- dropped first, a write that frees: a full Redis can still be paused (lib.lua's FIRST_WRITE_FREES)
+    redis.call('HDEL', K_META, ARGV[i])
     redis.call('HSET', K_META, ARGV[i], ARGV[i + 1])
   end
 end

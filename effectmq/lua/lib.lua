@@ -422,8 +422,9 @@ end
 -- half done. The scripts that keep a running attempt alive or settle it (renew, complete,
 -- fail, release, acquire's completions) first take the task out of the active index, a
 -- write that frees, so a full Redis still lets the work in flight renew and finish, where
--- every attempt used to lose its lease and stall; offers and progress are refused. (A
--- worker's announcement drops its entry first, for the same reason.)
+-- every attempt used to lose its lease and stall; offers and progress are refused. A
+-- worker's announcement and a setting (pause) drop the old entry first, for the same
+-- reason, and acquire's naming hint is written with pcall.
 
 -- Is the caller the current owner, with a lease that has not run out by Redis time?
 -- Returns the task key when it is, and {extra, state, token, lock_until (a number)}.

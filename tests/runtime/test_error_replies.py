@@ -242,3 +242,35 @@ async def test_a_full_redis_lets_the_attempts_in_flight_renew_and_settle(make_re
                       "t3": ("failed", 1, 0)}, states
     assert infos["t0"].result == {"done": "t0"}
     assert infos["t3"].error.tag == "~effectmq/Error/Defect"  # undeclared: a defect, settled once
+
+
+async def test_a_full_redis_still_recovers_stalls_and_hands_out_the_backlog(make_redis):
+    """At maxmemory, the queue can be paused and resumed, maintenance recovers an expired
+    lease and promotes a due task, and acquire hands both out (the stale attempt stays
+    fenced). Before, pause was refused with OOM, and so was every acquire call that leased
+    nothing: it wrote its naming hint first."""
+    server = make_redis()
+    q = effectmq.TaskQueue("full", url=server.url, max_stalled_count=3)
+    admin = server.client()
+    await q.offer("job", {}, task_id="stalls")
+    await q.offer("job", {}, task_id="delayed", delay=0.5)
+    stale = await q.acquire(lock_timeout=0.3)
+    admin.config_set("maxmemory", "1")
+    try:
+        await q.pause()  # what an operator of a full Redis may do first
+        await asyncio.sleep(0.7)
+        assert await q.acquire() is None
+        await q.resume()
+        report = await q.maintain()
+        assert (report.recovered, report.promoted) == (1, 1), report
+        leases = [await q.acquire(), await q.acquire()]
+        assert sorted((lease.task_id, lease.attempt) for lease in leases) == [("delayed", 1), ("stalls", 2)]
+        assert await q.acquire() is None
+        with pytest.raises(effectmq.LeaseLost):
+            await stale.complete("late")
+        for lease in leases:
+            await lease.complete("done")
+        assert [(await q.get(i)).state for i in ("stalls", "delayed")] == ["completed", "completed"]
+    finally:
+        admin.config_set("maxmemory", "0")
+    await q.close()
