@@ -13,20 +13,35 @@ from . import handlers  # noqa: F401  (registers the handlers)
 from .connections import CONNECTIONS_PER_REDIS
 from .controller import RECONCILES_AT_ONCE
 from .kube import API_THREADS
+from .leader import LEASE_SECONDS
 
 
-def _positive(text: str) -> int:
-    try:
+def _whole(minimum: int, maximum: int | None = None):
+    def parse(text: str) -> int:
         value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, not {text!r}")
+        if value < minimum or (maximum is not None and value > maximum):
+            raise ValueError(text)
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(text)
     return value
 
 
-def _env(name: str, default: int) -> str:
-    return os.environ.get(name) or str(default)  # argparse checks a string default with `type`
+def _option(parser: argparse.ArgumentParser, flag: str, env: str, default: object, parse, kind: str, help: str) -> None:
+    """An option whose default comes from $env; a bad value, given either way, is a usage
+    error (exit 2) that names both, instead of a traceback."""
+    def checked(text: str):
+        try:
+            return parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {kind}, not {text!r} (from {flag} or ${env})") from None
+    # argparse runs `type` on a string default too: the environment's value is checked the same way
+    parser.add_argument(flag, type=checked, default=os.environ.get(env) or str(default), help=f"{help} (${env})")
 
 
 def main() -> None:
@@ -35,15 +50,17 @@ def main() -> None:
                         help="watch only these namespaces (default: the whole cluster)")
     parser.add_argument("--liveness", default=os.environ.get("EFFECTMQ_OPERATOR_LIVENESS", "http://0.0.0.0:8080/healthz"),
                         help="liveness endpoint URL (kopf)")
-    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("EFFECTMQ_OPERATOR_METRICS_PORT", "9090")),
-                        help="Prometheus metrics port (0: off)")
-    parser.add_argument("--api-threads", type=_positive, default=_env("EFFECTMQ_OPERATOR_API_THREADS", API_THREADS),
-                        help=f"Kubernetes API calls in flight at once (default {API_THREADS})")
-    parser.add_argument("--redis-connections", type=_positive,
-                        default=_env("EFFECTMQ_OPERATOR_REDIS_CONNECTIONS", CONNECTIONS_PER_REDIS),
-                        help=f"connections, and polls at once, per distinct Redis (default {CONNECTIONS_PER_REDIS})")
-    parser.add_argument("--reconciles", type=_positive, default=_env("EFFECTMQ_OPERATOR_RECONCILES", RECONCILES_AT_ONCE),
-                        help=f"Queue reconciles in flight at once (default {RECONCILES_AT_ONCE})")
+    _option(parser, "--metrics-port", "EFFECTMQ_OPERATOR_METRICS_PORT", 9090, _whole(0, 65535), "a port number",
+            "Prometheus metrics port (0: off)")
+    _option(parser, "--lease-seconds", "EFFECTMQ_OPERATOR_LEASE_SECONDS", LEASE_SECONDS, _seconds,
+            "a positive number of seconds", f"leader election: how long a leader's Lease lasts (default {LEASE_SECONDS})")
+    _option(parser, "--api-threads", "EFFECTMQ_OPERATOR_API_THREADS", API_THREADS, _whole(1), "a positive whole number",
+            f"Kubernetes API calls in flight at once (default {API_THREADS})")
+    _option(parser, "--redis-connections", "EFFECTMQ_OPERATOR_REDIS_CONNECTIONS", CONNECTIONS_PER_REDIS, _whole(1),
+            "a positive whole number",
+            f"connections, and polls at once, per distinct Redis (default {CONNECTIONS_PER_REDIS})")
+    _option(parser, "--reconciles", "EFFECTMQ_OPERATOR_RECONCILES", RECONCILES_AT_ONCE, _whole(1),
+            "a positive whole number", f"Queue reconciles in flight at once (default {RECONCILES_AT_ONCE})")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     kopf.configure(verbose=args.verbose, log_prefix=True)
@@ -53,7 +70,7 @@ def main() -> None:
     asyncio.run(kopf.operator(
         clusterwide=not namespaces, namespaces=namespaces, standalone=True, liveness_endpoint=args.liveness or None,
         memo=kopf.Memo(namespaces=namespaces, api_threads=args.api_threads, redis_connections=args.redis_connections,
-                       reconciles=args.reconciles),
+                       reconciles=args.reconciles, lease_seconds=args.lease_seconds),
     ))
 
 

@@ -19,7 +19,7 @@ from .builders import GROUP, MANAGED_BY, VERSION
 from .connections import CONNECTIONS_PER_REDIS, Connections
 from .controller import RECONCILES_AT_ONCE, QueueController
 from .kube import API_THREADS, Kube, load_config
-from .leader import LeaderElector, coordination_api
+from .leader import LEASE_SECONDS, LeaderElector, coordination_api
 from .schedules import ScheduleController
 
 SHUTDOWN_STEP = 2.0  # seconds each shutdown step may take: SIGTERM to exit stays within a few seconds
@@ -56,7 +56,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
                                   concurrency=getattr(memo, "reconciles", None) or RECONCILES_AT_ONCE)
     memo.schedules = ScheduleController(kube, connections, memo.queues, namespaces=namespaces)
     memo.connections = connections
-    lease_seconds = float(os.environ.get("EFFECTMQ_OPERATOR_LEASE_SECONDS", "15"))
+    lease_seconds = getattr(memo, "lease_seconds", None) or LEASE_SECONDS
     memo.elector = LeaderElector(coordination_api(), namespace=os.environ.get("POD_NAMESPACE", "default"),
                                  name=os.environ.get("EFFECTMQ_OPERATOR_LEASE", "effectmq-operator"),
                                  lease_seconds=lease_seconds, renew_deadline=lease_seconds * 2 / 3,

@@ -36,6 +36,7 @@ log = logging.getLogger("effectmq.operator.leader")
 
 # What a Lease call can fail with when the API server is slow, unreachable or
 # refuses: retried on the next round, never fatal.
+LEASE_SECONDS = 15.0  # how long a leader's Lease lasts unrenewed (kube-controller-manager's default)
 API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError, asyncio.TimeoutError)
 
 
@@ -73,7 +74,7 @@ class LeaderElector:
     """
 
     def __init__(self, coordination: kubernetes.client.CoordinationV1Api, *, namespace: str, name: str,
-                 identity: str | None = None, lease_seconds: float = 15.0, renew_deadline: float = 10.0,
+                 identity: str | None = None, lease_seconds: float = LEASE_SECONDS, renew_deadline: float = 10.0,
                  retry_period: float = 2.0, clock: Callable[[], float] = time.monotonic,
                  request_timeout: tuple[float, float] | None = None):
         if not retry_period > 0:
