@@ -56,14 +56,23 @@ class TaskContext:
         self.stalled_attempt_count = lease.stalled_attempt_count
         self.queue = lease.queue.name
         self._loop = loop
+        self._progress_refused = False
 
-    async def progress(self, value: Any) -> None:
-        """Report progress (fenced: raises LeaseLost when this attempt lost the task)."""
-        await self.lease.progress(value)
+    async def progress(self, value: Any) -> bool:
+        """Report progress: True when stored, False when Redis refused it for now (full,
+        unreachable, ...): a report is advice, and the handler goes on. Fenced: raises
+        LeaseLost when this attempt lost the task."""
+        try:
+            await self.lease.progress(value)
+        except RedisUnavailable as exc:
+            (log.debug if self._progress_refused else log.warning)("progress of task %s not stored: %s", self.task_id, exc)
+            self._progress_refused = True  # one warning per attempt: a handler may report often
+            return False
+        return True
 
-    def progress_sync(self, value: Any, timeout: float = 10.0) -> None:
-        """Report progress from a synchronous handler running in the thread pool."""
-        asyncio.run_coroutine_threadsafe(self.lease.progress(value), self._loop).result(timeout)
+    def progress_sync(self, value: Any, timeout: float = 10.0) -> bool:
+        """Report progress from a synchronous handler running in the thread pool (as progress)."""
+        return asyncio.run_coroutine_threadsafe(self.progress(value), self._loop).result(timeout)
 
 
 class _Attempt:

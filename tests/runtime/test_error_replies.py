@@ -19,7 +19,7 @@ from redis.retry import Retry
 
 import effectmq
 from tests.fixtures.redis import free_port
-from tests.support.inprocess import make_worker, running
+from tests.support.inprocess import make_worker, running, settled
 
 pytestmark = pytest.mark.slow
 
@@ -274,3 +274,29 @@ async def test_a_full_redis_still_recovers_stalls_and_hands_out_the_backlog(make
     finally:
         admin.config_set("maxmemory", "0")
     await q.close()
+
+
+async def test_a_progress_report_redis_refuses_does_not_fail_the_attempt(make_redis):
+    """Progress is advice: when Redis refuses it for now (here: full), ctx.progress says so
+    (False) and the handler goes on; a stored report returns True. Before, RedisUnavailable
+    reached the handler and failed the attempt: the task ended failed after 4 attempts."""
+    server = make_redis()
+    q = effectmq.TaskQueue("full", url=server.url)
+    admin = server.client()
+    reports: list[bool] = []
+
+    async def reports_progress(payload, ctx):
+        reports.append(await ctx.progress({"step": 1}))
+        admin.config_set("maxmemory", "1")
+        try:
+            reports.append(await ctx.progress({"step": 2}))
+        finally:
+            admin.config_set("maxmemory", "0")
+        return "done"
+
+    await q.offer("job", {}, task_id="p")
+    async with running(make_worker(q, {"job": reports_progress}, concurrency=1)):
+        info = await settled(q, "p")
+    await q.close()
+    assert (info.state, info.attempt, info.result, info.progress) == ("completed", 1, "done", {"step": 1}), info
+    assert reports == [True, False]
