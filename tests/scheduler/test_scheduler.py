@@ -8,6 +8,7 @@ import time
 import pytest
 import redis
 
+import effectmq
 from effectmq.scheduler import InvalidSchedule, Scheduler, ScheduleSpec, store
 
 from .support import Z, clear_of_boundary, redis_now_ms, rewind
@@ -356,3 +357,30 @@ async def test_every_state_change_is_numbered_in_the_change_feed(scheduler, make
     assert [i for i, _ in await scheduler.store.changes()] == ["feed/b", "feed/c"]  # one entry per schedule
     page = await scheduler.store.changes(after=start, limit=1)
     assert page + await scheduler.store.changes(after=page[-1][1]) == await scheduler.store.changes(after=start)
+
+
+async def test_a_full_redis_delays_ticks_and_loses_none(scheduler, make_queue, redis_url):
+    """Redis at maxmemory (noeviction): a pass offers nothing and raises RedisUnavailable
+    (it cannot record the failure either) without moving the cursor; once Redis has room
+    the next pass offers exactly the ticks due, each once."""
+    q = make_queue("full-sched")
+    sid = "full/s"
+    await scheduler.put(minutely(sid, q.name, missed="backfill", max_backfill=10))
+    await clear_of_boundary(scheduler, 60, 15)
+    cursor = await rewind(scheduler, sid, 3 * 60)
+    admin = redis.Redis.from_url(redis_url)
+    admin.config_set("maxmemory", "1")
+    try:
+        with pytest.raises(effectmq.RedisUnavailable, match="OOM"):  # `run()` backs off and passes again
+            await scheduler.tick()
+        assert await task_ids(q) == []
+    finally:
+        admin.config_set("maxmemory", "0")
+        admin.close()
+    report = await scheduler.tick()
+    now = int(report.now.timestamp() * 1000)
+    expected = [f"{sid}/{Z(m * 60)}" for m in range(cursor // 60_000 + 1, now // 60_000 + 1)]
+    assert len(expected) == 3 and not report.errors, report
+    assert [m.task_id for m in report.materialized] == expected
+    assert await task_ids(q) == expected
+    assert (await scheduler.tick()).materialized == []  # each tick once
