@@ -475,3 +475,13 @@ class TaskQueue(OwnsConnection):
     async def ping(self) -> None:
         with self._redis_errors:
             await self.redis.ping()
+
+    async def eviction_policy(self) -> str | None:
+        """Redis's maxmemory-policy, or None when Redis does not say (managed services often
+        disable CONFIG)."""
+        try:
+            reply = await self.redis.config_get("maxmemory-policy")
+        except Exception:  # noqa: BLE001 - refused, renamed or not answered: nothing to tell
+            return None
+        value = reply.get("maxmemory-policy") if isinstance(reply, dict) else None
+        return value.decode() if isinstance(value, bytes) else value

@@ -24,7 +24,7 @@ from . import codec, heartbeat, maintenance, metrics, protocol
 from .acks import CompletionBatcher
 from .app import App, TaskDef
 from .aio import cancel_and_wait
-from .checks import check_number
+from .checks import check_number, eviction_warning
 from .errors import (
     DEFECT, TIMEOUT, AlreadySettled, CorruptValue, ErrorInfo, InvalidOption, LeaseLost, RedisRefused,
     RedisUnavailable,
@@ -220,6 +220,7 @@ class Worker:
             watch.start(loop)
         try:
             if await self._wait_for_redis():
+                await self._check_eviction()
                 wake = await self.queue.wake_signal().start()
                 helpers = [
                     asyncio.create_task(self._heartbeat_loop(), name="effectmq-heartbeat"),
@@ -268,6 +269,16 @@ class Worker:
             await self._until(self._stopping, backoff)
             backoff = min(backoff * 2, BACKOFF_LIMIT)
         return False
+
+    async def _check_eviction(self) -> None:
+        """Warn once at start when Redis may evict what it accepted (as BullMQ does)."""
+        try:
+            policy = await asyncio.wait_for(self.queue.eviction_policy(), STARTUP_PING_TIMEOUT)
+        except asyncio.TimeoutError:
+            return
+        warning = eviction_warning(policy)
+        if warning:
+            log.warning("worker %s, queue %r at %s: %s", self.name, self._q, self.queue.url, warning)
 
     def _set_ready(self, ready: bool) -> None:
         self.ready = ready

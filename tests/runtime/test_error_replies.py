@@ -300,3 +300,32 @@ async def test_a_progress_report_redis_refuses_does_not_fail_the_attempt(make_re
     await q.close()
     assert (info.state, info.attempt, info.result, info.progress) == ("completed", 1, "done", {"step": 1}), info
     assert reports == [True, False]
+
+
+@pytest.mark.parametrize("redis_args, warned", [
+    (("--maxmemory-policy", "allkeys-lru"), True),
+    (("--maxmemory-policy", "volatile-ttl"), True),
+    (("--maxmemory-policy", "noeviction"), False),
+    (("--rename-command", "CONFIG", ""), False),  # a managed Redis that does not say: no guess
+])
+async def test_a_worker_warns_once_when_redis_may_evict_tasks(make_redis, caplog, redis_args, warned):
+    """The README requires maxmemory-policy noeviction (an evicted key is lost work);
+    a worker started against a Redis that evicts says so at start, as BullMQ does, and runs."""
+    server = make_redis(extra_args=redis_args)
+    q = effectmq.TaskQueue("evicts", url=server.url)
+    ran = asyncio.Event()
+
+    async def job(payload):
+        ran.set()
+
+    caplog.set_level("WARNING", logger="effectmq.worker")
+    async with running(make_worker(q, {"job": job})):
+        await q.offer("job", {})
+        await asyncio.wait_for(ran.wait(), 10)
+    await q.close()
+    warnings = [r.getMessage() for r in caplog.records if "maxmemory-policy" in r.getMessage()]
+    if warned:
+        assert len(warnings) == 1, warnings
+        assert f"maxmemory-policy {redis_args[1]}" in warnings[0] and "set maxmemory-policy noeviction" in warnings[0]
+    else:
+        assert warnings == []
