@@ -9,12 +9,9 @@ Returns: written  the number of fields written. Wakes idle workers (resume, a la
   max_active).
 ]]
 for i = 1, #ARGV, 2 do
-  if ARGV[i + 1] == '' then
-    redis.call('HDEL', K_META, ARGV[i])
-  else  -- dropped first, a write that frees: a full Redis can still be paused (lib.lua's FIRST_WRITE_FREES)
-    redis.call('HDEL', K_META, ARGV[i])
-    redis.call('HSET', K_META, ARGV[i], ARGV[i + 1])
-  end
+  -- Dropped first, a write that frees: a full Redis can still be paused (lib.lua's FIRST_WRITE_FREES).
+  redis.call('HDEL', K_META, ARGV[i])
+  if ARGV[i + 1] ~= '' then redis.call('HSET', K_META, ARGV[i], ARGV[i + 1]) end
 end
 emit('configured', '')
 wake()

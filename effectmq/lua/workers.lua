@@ -10,10 +10,9 @@ workers...: 3 values each: name, in_flight, concurrency
 ]]
 local now = now_ms()
 if ARGV[1] ~= '' then
-  if tonumber(ARGV[2]) < 0 then
-    redis.call('HDEL', K_WORKERS, ARGV[1])
-  else  -- the entry is dropped first, a write that frees: a full Redis still lists the worker (FIRST_WRITE_FREES)
-    redis.call('HDEL', K_WORKERS, ARGV[1])
+  -- The entry is dropped first, a write that frees: a full Redis still lists the worker (FIRST_WRITE_FREES).
+  redis.call('HDEL', K_WORKERS, ARGV[1])
+  if tonumber(ARGV[2]) >= 0 then
     redis.call('HSET', K_WORKERS, ARGV[1], ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. (now + tonumber(ARGV[4])))
   end
 end

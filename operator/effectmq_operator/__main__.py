@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 
 import kopf
@@ -27,7 +28,7 @@ def _whole(minimum: int, maximum: int | None = None):
 
 def _seconds(text: str) -> float:
     value = float(text)
-    if not value > 0 or value == float("inf"):
+    if not (value > 0 and math.isfinite(value)):  # nan and inf parse as floats
         raise ValueError(text)
     return value
 

@@ -34,9 +34,9 @@ from .threads import DaemonThreadPool
 
 log = logging.getLogger("effectmq.operator.leader")
 
+LEASE_SECONDS = 15.0  # how long a leader's Lease lasts unrenewed (kube-controller-manager's default)
 # What a Lease call can fail with when the API server is slow, unreachable or
 # refuses: retried on the next round, never fatal.
-LEASE_SECONDS = 15.0  # how long a leader's Lease lasts unrenewed (kube-controller-manager's default)
 API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError, asyncio.TimeoutError)
 
 

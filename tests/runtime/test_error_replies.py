@@ -207,7 +207,7 @@ async def test_a_full_redis_lets_the_attempts_in_flight_renew_and_settle(make_re
         running_now.add(ctx.task_id)
         await release.wait()
         if payload["fails"]:
-            raise RuntimeError("typed failure, under OOM")
+            raise RuntimeError("a failure, under OOM")
         return {"done": ctx.task_id}
 
     worker = make_worker(q, {"slow": slow}, concurrency=4)
