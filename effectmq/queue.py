@@ -479,9 +479,7 @@ class TaskQueue(OwnsConnection):
     async def eviction_policy(self) -> str | None:
         """Redis's maxmemory-policy, or None when Redis does not say (managed services often
         disable CONFIG)."""
-        try:
-            reply = await self.redis.config_get("maxmemory-policy")
+        try:  # redis-py 5 to 8 answer {name: str}, RESP2 and RESP3 alike
+            return (await self.redis.config_get("maxmemory-policy")).get("maxmemory-policy")
         except Exception:  # noqa: BLE001 - refused, renamed or not answered: nothing to tell
             return None
-        value = reply.get("maxmemory-policy") if isinstance(reply, dict) else None
-        return value.decode() if isinstance(value, bytes) else value
