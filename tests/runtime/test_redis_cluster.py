@@ -238,8 +238,7 @@ async def test_a_master_killed_mid_run_every_accepted_task_ends_in_one_terminal_
         try:
             await wait_drained(queues, 45)
         except AssertionError as exc:
-            logs = "\n".join(w.log()[-2000:] for w in workers)
-            raise AssertionError(f"{exc}: {[await q.stats() for q in queues]}\n{logs}") from None
+            raise AssertionError(f"{exc}:\n{await _why_not_drained(queues, workers, victims)}") from None
         for w in workers:
             assert w.proc.poll() is None, w.log()[-3000:]
         for task_id, q in {**before, **after}.items():
@@ -253,6 +252,22 @@ async def test_a_master_killed_mid_run_every_accepted_task_ends_in_one_terminal_
         assert states["failed"] == states["canceled"] == 0
         assert states["completed"] == len(before) + len(after)  # one record each, in one state
         assert all(" failed (" in w.log() for w, name in zip(workers, names) if name in victims)  # it hit them
+
+
+async def _why_not_drained(queues, workers, victims) -> str:
+    """What a test needs to tell a dead worker, one holding its slots and one that no
+    longer asks apart: for each queue with work left, its stats, settings, the workers
+    it lists (in flight, concurrency), its first waiting tasks, and its worker's log."""
+    parts = []
+    for q, w in zip(queues, workers):
+        stats = await q.stats()
+        if stats.waiting + stats.delayed + stats.active == 0:
+            continue
+        head = [(t.task_id, t.attempt, t.stalled_attempt_count) for t in await q.list_tasks("waiting", limit=5)]
+        parts.append(f"queue {q.name} ({'on' if q.name in victims else 'not on'} the killed master): {stats}\n"
+                     f"  settings {await q.settings()}\n  workers {await q.workers()}\n  waiting head {head}\n"
+                     f"  worker exit code {w.proc.poll()}, log:\n{w.log()[-8000:]}")
+    return "\n".join(parts)
 
 
 def _promoted(replica) -> bool:
