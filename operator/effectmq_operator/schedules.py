@@ -47,6 +47,7 @@ GC_EVERY = 60.0  # seconds between comparisons of a Redis' schedules with the li
 MIRROR_RESYNC_EVERY = 300.0  # seconds between full mirror rounds
 MIRROR_BATCH = 1000  # changes read, and schedules compared by a full round, per mirror round
 MIRROR_WRITES_AT_ONCE = 16  # status patches in flight per mirror round (the API pool has 32 threads)
+TICK_FAILURES_SHOWN = 2  # tick passes failed in a row before the Schedules there say so (one blip is not news)
 
 
 @dataclass
@@ -83,6 +84,7 @@ class ScheduleController:
                               deadline=deadline, describe=lambda key, exc: describe_failure(exc, _secrets(self._placed(key))))
         self._tickers: dict[RedisTarget, asyncio.Task] = {}
         self._feeds: dict[RedisTarget, MirrorFeed] = {}
+        self._tick_problems: dict[RedisTarget, Problem] = {}  # why a Redis' tick passes fail, while they do
         self._removals: set[asyncio.Task] = set()
         queues.listeners.append(self._queue_changed)
 
@@ -209,6 +211,10 @@ class ScheduleController:
                 if state is not None:
                     progress = schedule_progress(state)
                 checks.append(Check.of("RedisReachable", True, "Connected", "schedule stored in the Queue's Redis"))
+                failing = self._tick_problems.get(target)
+                checks.append(Check.of("TicksMaterialized", failing is None, failing.reason if failing else "Materializing",
+                                       failing.message if failing else "the tick passes on its Redis succeed"))
+                problem = problem or failing
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -277,6 +283,7 @@ class ScheduleController:
                 step = "the tick pass"
                 report = await asyncio.wait_for(self.connections.scheduler(target).tick(), self.deadline)
                 failures = 0
+                self._ticks_failing(target, None)
                 for m in report.materialized:
                     if m.created:
                         metrics.TICKS.labels(m.schedule_id).inc()
@@ -289,11 +296,26 @@ class ScheduleController:
                 await asyncio.sleep(self.tick_every)  # the loop is stopped when leadership ends
             except Exception as exc:
                 failures += 1
+                why = (f"took longer than {self.deadline:g} s" if isinstance(exc, asyncio.TimeoutError)
+                       else describe_failure(exc, target.secrets))
                 if failures in (1, 10) or failures % 60 == 0:
-                    why = (f"took longer than {self.deadline:g} s" if isinstance(exc, asyncio.TimeoutError)
-                           else describe_failure(exc, target.secrets))
                     log.warning("schedule pass on %r failed in %s: %s", target, step, why)
+                if failures >= TICK_FAILURES_SHOWN and step == "the tick pass":
+                    self._ticks_failing(target, Problem("TicksFailing", f"ticks are not materialized: {why}"))
                 await asyncio.sleep(backoff(failures, 10.0))
+
+    def _ticks_failing(self, target: RedisTarget, problem: Problem | None) -> None:
+        """Record why the tick passes on `target` fail (None: they succeed); on a change,
+        the Schedules stored there are reconciled, so their status says it."""
+        if self._tick_problems.get(target) == problem:
+            return
+        if problem is None:
+            del self._tick_problems[target]
+        else:
+            self._tick_problems[target] = problem
+        for key, rt in self.runtime.items():
+            if rt.placed == target:
+                self.work.nudge(key)
 
     async def _mirror(self, target: RedisTarget) -> None:
         """Copy the scheduler's state of the schedules that changed into their status:
@@ -373,6 +395,7 @@ class ScheduleController:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tickers.clear()
         self._feeds.clear()  # the next term starts with a full mirror round
+        self._tick_problems.clear()  # the next term's passes tell
         await self.work.stop()
 
 

@@ -10,6 +10,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import kubernetes
+import redis
 import yaml
 
 import effectmq
@@ -229,3 +230,39 @@ async def test_a_mirror_round_reads_only_the_schedules_that_changed(kube_control
         kubernetes.client.Configuration.set_default(previous)
         counter.close()
         await connections.close()
+
+
+def test_a_schedule_whose_ticks_redis_refuses_says_so_and_recovers(kube_control_plane, kube_namespace,
+                                                                   start_operator, redis_url):
+    """Was: with its Redis full (maxmemory, noeviction) the operator's tick passes failed,
+    only its log said so, and the Schedule stayed Ready (its status read still worked)."""
+    plane, ns = kube_control_plane, kube_namespace
+    start_operator()
+    apply(plane, ns, queue_manifest("emails", redis_url, paused=True))
+    apply(plane, ns, schedule_manifest("every-second", "emails", "* * * * * *"))
+    schedule_id = f"{ns}/every-second"
+    wait_for(lambda: len(tick_tasks(redis_url, f"{ns}/emails", schedule_id)) >= 2, timeout=30, what="ticks")
+
+    def ready():
+        c = condition(get(plane, ns, "schedule", "every-second"), "Ready")
+        return c and (c["status"], c["reason"], c["message"])
+
+    server = redis.Redis.from_url(redis_url)
+    try:
+        server.config_set("maxmemory", 1)
+        status, reason, message = wait_for(lambda: (r := ready()) and r[0] == "False" and r, timeout=20,
+                                           what="Ready=False while Redis refuses the ticks")
+        assert reason == "TicksFailing" and "OOM" in message, (reason, message)
+        ticks = condition(get(plane, ns, "schedule", "every-second"), "TicksMaterialized")
+        assert (ticks["status"], ticks["reason"]) == ("False", "TicksFailing"), ticks
+        assert condition(get(plane, ns, "schedule", "every-second"), "Reconciling")["status"] == "True"
+        wait_for(lambda: any(t == "Warning" and r == "TicksFailing" for t, r, _ in events(plane, ns, "every-second")),
+                 what="a Warning Event")
+        during = len(tick_tasks(redis_url, f"{ns}/emails", schedule_id))
+    finally:
+        server.config_set("maxmemory", 0)
+        server.close()
+    wait_for(lambda: (ready() or ("",))[0] == "True", timeout=20, what="Ready again once Redis takes writes")
+    assert condition(get(plane, ns, "schedule", "every-second"), "TicksMaterialized")["status"] == "True"
+    wait_for(lambda: len(tick_tasks(redis_url, f"{ns}/emails", schedule_id)) >= during + 2, timeout=20,
+             what="ticks again")
