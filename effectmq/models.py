@@ -116,6 +116,12 @@ def throughput_points(counts: Mapping[str, str], current_minute: int, minutes: i
     return points
 
 
+def ready_since_ms(ready_at: str | None, created_at: str | None) -> str | None:
+    """When a task became ready (ms, as stored): a record writes ready_at only once it
+    differs from created_at."""
+    return ready_at or created_at
+
+
 def _optional_int(value: str | None) -> int | None:
     if value is None or value == "" or int(value) < 0:
         return None
@@ -171,7 +177,7 @@ def parse_task(task_id: str, fields: "RawFields | dict[str, str]") -> TaskInfo:
         options=options if isinstance(options, dict) else {},
         attempts=_attempts(attempts),
         created_at=_ms_to_datetime(h.get("created_at")),
-        ready_at=_ms_to_datetime(h.get("ready_at") or h.get("created_at")),  # the same until they differ
+        ready_at=_ms_to_datetime(ready_since_ms(h.get("ready_at"), h.get("created_at"))),
         started_at=_ms_to_datetime(h.get("started_at")),
         finished_at=_ms_to_datetime(h.get("finished_at")),
         lease_deadline=_ms_to_datetime(h.get("lock_until")),

@@ -356,7 +356,8 @@ class TaskQueue(OwnsConnection):
                     for task_id in r.heads:
                         pipe.hmget(self.keys.task(task_id), "state", "ready_at", "created_at")
                     heads = await pipe.execute()
-            ready = [int(at or created) for state, at, created in heads if state == "waiting" and (at or created)]
+            ready = [int(since) for state, *stamps in heads
+                     if state == "waiting" and (since := models.ready_since_ms(*stamps))]
             if ready:
                 oldest = max(0.0, (r.now - min(ready)) / 1000)
         return QueueStats(self.name, r.waiting, r.delayed, r.active, r.completed, r.failed, r.canceled, oldest,
