@@ -2,6 +2,7 @@
 
     python bench/script_cost.py               # k = 1 6 20 completions (and leases) per call
     python bench/script_cost.py --k 1 10 --rounds 200
+    python bench/script_cost.py --k 1 10 --overhead   # and what a call pays before its own work
 
 Starts its own redis-server under `valgrind --tool=callgrind` (Debian's valgrind), fills
 a queue, then for each k times `rounds` calls of `complete_and_acquire` with k
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import redis.asyncio as aioredis  # noqa: E402
 
 from bench._redis import start_redis  # noqa: E402
+from effectmq import scripts  # noqa: E402
 from effectmq.queue import TaskQueue  # noqa: E402
 
 
@@ -100,13 +102,38 @@ async def per_call(grind: Callgrind, k: int, rounds: int) -> float:
     return instructions / rounds
 
 
+async def overhead(grind: Callgrind, rounds: int) -> dict[str, float]:
+    """Instructions per call of what every script call pays before its own work: an
+    EVALSHA of `return 1` with a 1 + 1 call's keys and arguments, and the same after
+    lib.lua (the helpers every script runs first: closures and tables, on each call)."""
+    client = aioredis.Redis(port=grind.port, decode_responses=True)
+    keys = [f"{{emq:cost}}:k{i}" for i in range(19)]  # the queue's 16, a completion's, a lease's, a receipt
+    argv = [str(i) for i in range(12)]
+    costs = {}
+    for name, body in (("EVALSHA of return 1", "return 1"),
+                       ("lib.lua, then return 1", scripts.prelude() + "return 1")):
+        sha = await client.script_load(body)
+        await client.evalsha(sha, len(keys), *keys, *argv)
+        grind.zero()
+        for _ in range(rounds):
+            await client.evalsha(sha, len(keys), *keys, *argv)
+        costs[name] = grind.dumped() / rounds
+    await client.aclose()
+    return costs
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--k", type=int, nargs="+", default=[1, 6, 20], help="completions and leases per call")
     parser.add_argument("--rounds", type=int, default=100, help="calls measured per k")
+    parser.add_argument("--overhead", action="store_true",
+                        help="also what a call pays before its own work (EVALSHA, lib.lua)")
     args = parser.parse_args()
     grind = Callgrind()
     try:
+        if args.overhead:
+            for name, cost in (await overhead(grind, args.rounds)).items():
+                print(f"{name}: {cost:10,.0f} instructions per call", flush=True)
         costs = {}
         for k in args.k:
             costs[k] = await per_call(grind, k, args.rounds)

@@ -36,10 +36,19 @@ RETRY_SAFE = frozenset(OPERATIONS) - {"acquire"}
 _CONNECTION_ARGS = () if tuple(map(int, redis.__version__.split(".")[:2])) >= (5, 3) else ("EVALSHA",)
 
 
+def _lua_file(name: str) -> str:
+    return (resources.files(__package__) / "lua" / name).read_text()
+
+
+@cache
+def prelude() -> str:
+    """What every script runs before its own code: the settings' defaults and lib.lua."""
+    return lua_defaults() + _lua_file("lib.lua") + "\n"
+
+
 @cache
 def source(operation: str) -> str:
-    lua = resources.files(__package__) / "lua"
-    return lua_defaults() + (lua / "lib.lua").read_text() + "\n" + (lua / f"{operation}.lua").read_text()
+    return prelude() + _lua_file(f"{operation}.lua")
 
 
 @cache
