@@ -148,3 +148,30 @@ def test_schedule_pointing_at_a_missing_queue_is_rejected(tmp_path):
                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "operator")])})
     assert res.returncode == 2
     assert re.search(r"s\.yaml: Schedule nightly-report: spec\.queueRef\.name: no Queue 'emails'", res.stderr)
+
+
+def test_a_full_redis_pauses_the_ticks_and_the_system_goes_on(tmp_path):
+    """Was: `effectmq local` stopped (exit 1) on the first tick pass Redis refused when
+    full (maxmemory, noeviction): a retryable error ended the whole system."""
+    import redis
+
+    local = Local(tmp_path, port=free_port())
+    try:
+        local.wait_line(r"ticks=\d+", timeout=60)
+        server = redis.Redis(port=local.port)
+        try:
+            server.config_set("maxmemory", 1)
+            local.wait_line(r"effectmq local: Redis refused .*OOM.*; retrying", timeout=30)  # a tick fell due (every 10 s)
+            assert local.proc.poll() is None, "\n".join(local.lines()[-30:])
+        finally:
+            server.config_set("maxmemory", 0)
+        local.wait_line(r"effectmq local: Redis answers again", timeout=30)
+        before = wait_status(local, lambda f: True, timeout=10)["ticks"]
+        wait_status(local, lambda f: f["ticks"] > before, timeout=30)  # the digest fires again
+        q = effectmq.SyncTaskQueue("default/emails", url=local.url)
+        task = q.offer("send_email", {"to": "after@example.com"}).task_id
+        assert q.wait(task, timeout=60) is not None
+        q.close()
+        server.close()
+    finally:
+        assert local.stop() == 0, "\n".join(local.lines()[-30:])

@@ -33,6 +33,8 @@ from .manifests import Resource
 
 log = logging.getLogger("effectmq.local")
 SCHEDULER_NAMESPACE = "local"
+PASS_EVERY = 0.5  # seconds between passes of the loop (scaling polls, ticks, the view)
+OUTAGE_BACKOFF_LIMIT = 5.0  # seconds: the longest wait between passes while Redis refuses
 
 
 class LocalError(RuntimeError):
@@ -155,6 +157,7 @@ class LocalRunner:
         self.recent_ticks: list[str] = []
         self.recent_failures: list[str] = []
         self.ticks_created = 0
+        self.redis_problem: str | None = None  # why the last pass failed, while Redis refuses
         self.stopping = asyncio.Event()
         self.worker_logs = data_dir / "logs"
 
@@ -241,36 +244,60 @@ class LocalRunner:
         started = time.monotonic()
         try:
             await self.start()
-            next_view = 0.0
+            next_view, wait = 0.0, PASS_EVERY
             while not self.stopping.is_set():
                 now = time.monotonic()
-                for lq in self.queues.values():
-                    if now >= lq.next_poll:
-                        lq.next_poll = now + min(lq.spec.scaling.poll_interval, 5.0)
-                        await self._maintain(lq)
-                        await self._scale(lq, now)
-                report = await self.scheduler.tick()
-                for m in report.materialized:
-                    if m.created:
-                        self.ticks_created += 1
-                        self.recent_ticks = (self.recent_ticks + [f"{m.tick:%H:%M:%S} {m.schedule_id} -> {m.task_id}"])[-5:]
+                try:
+                    await self._pass(now)
+                    self._redis_answers()
+                    wait = PASS_EVERY
+                except effectmq.RedisUnavailable as exc:
+                    if not exc.retryable:
+                        raise
+                    self._redis_refuses(str(exc))  # a full or restarting Redis: the system waits, as a pod would
+                    wait = min(wait * 2, OUTAGE_BACKOFF_LIMIT)
                 if now >= next_view:
                     next_view = now + 1.0
-                    await self._note_failures()
-                    await self._render()
+                    with contextlib.suppress(effectmq.RedisUnavailable):  # said above, once
+                        await self._note_failures()
+                        await self._render()
                 if self.stop_after is not None and now - started >= self.stop_after:
                     break
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.stopping.wait(), 0.5)
+                    await asyncio.wait_for(self.stopping.wait(), wait)
         finally:
             await self.shutdown()
+
+    async def _pass(self, now: float) -> None:
+        """Scale and sweep the queues due, tick the schedules."""
+        for lq in self.queues.values():
+            if now >= lq.next_poll:
+                lq.next_poll = now + min(lq.spec.scaling.poll_interval, 5.0)
+                await self._maintain(lq)
+                await self._scale(lq, now)
+        report = await self.scheduler.tick()
+        for m in report.materialized:
+            if m.created:
+                self.ticks_created += 1
+                self.recent_ticks = (self.recent_ticks + [f"{m.tick:%H:%M:%S} {m.schedule_id} -> {m.task_id}"])[-5:]
+
+    def _redis_refuses(self, problem: str) -> None:
+        if problem != self.redis_problem:  # once per problem, not once per pass
+            print(f"effectmq local: {problem.rstrip('.')}; retrying", flush=True)
+        self.redis_problem = problem
+
+    def _redis_answers(self) -> None:
+        if self.redis_problem is not None:
+            print("effectmq local: Redis answers again", flush=True)
+        self.redis_problem = None
 
     async def _render(self) -> None:
         rows = []
         for lq in self.queues.values():
             stats = await lq.queue.stats()
             rows.append(view.QueueRow(lq.queue.name, stats, len(lq.running), lq.last_reason))
-        text = view.render(self.redis_url, rows, self.recent_ticks, self.recent_failures, self.worker_logs)
+        text = view.render(self.redis_url, rows, self.recent_ticks, self.recent_failures, self.worker_logs,
+                           self.redis_problem)
         if self.live_view and sys.stdout.isatty():
             sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
         else:

@@ -15,8 +15,11 @@ class QueueRow:
     last_scale: str
 
 
-def render(redis_url: str, rows: list[QueueRow], ticks: list[str], failures: list[str], logs: Path) -> str:
+def render(redis_url: str, rows: list[QueueRow], ticks: list[str], failures: list[str], logs: Path,
+           redis_problem: str | None = None) -> str:
     lines = [f"EffectMQ local  |  Redis {redis_url}  |  Ctrl-C drains workers and stops", ""]
+    if redis_problem:
+        lines += [f"Redis refuses for now (retrying): {redis_problem}", ""]
     lines.append(f"{'QUEUE':<28} {'WAITING':>7} {'DELAYED':>7} {'ACTIVE':>6} {'DONE':>7} {'FAILED':>6} {'WORKERS':>7}")
     for r in rows:
         s = r.stats
