@@ -52,13 +52,15 @@ class Event:
 
 
 def problem_event(problem: Problem | None, previous: Iterable[dict] = ()) -> Event | None:
-    """A Warning for a problem not reported yet: Ready's reason or message changes with it
-    (so a problem is posted once, not on every poll)."""
+    """A Warning for a problem not reported yet, judged by Ready's reason (so a problem is
+    posted once, not on every poll): a transient one once per outage, however its detail
+    moves (a connection closed, then refused); a permanent one again when its message
+    changes (the spec was edited into another mistake)."""
     if problem is None:
         return None
     was = next((c for c in previous or () if c.get("type") == "Ready"), None)
-    if was is not None and (was.get("reason"), was.get("message")) == (problem.reason,
-                                                                       problem.message[:MESSAGE_LIMIT]):
+    if was is not None and was.get("reason") == problem.reason and (
+            not problem.permanent or was.get("message") == problem.message[:MESSAGE_LIMIT]):
         return None
     return Event("Warning", problem.reason, problem.message)
 

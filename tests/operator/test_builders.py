@@ -126,6 +126,24 @@ def test_conditions_keep_transition_time_until_status_flips():
     assert (fourth["Stalled"]["status"], fourth["Reconciling"]["status"]) == ("False", "True")
 
 
+def test_one_warning_per_outage_and_one_per_new_mistake():
+    """Was (a fresh-clone CI run): a Redis that stopped posted two Warnings, "Connection
+    closed by server" on the first poll and "Error 111 connecting" on the next: the
+    detail of one transient problem changed. A permanent problem whose message changes
+    is a new mistake (the spec was edited): posted again."""
+    closed = status.Problem("RedisUnreachable", "Redis unavailable at redis://r:6379/0: Connection closed by server.")
+    refused = status.Problem("RedisUnreachable", "Redis unavailable at redis://r:6379/0: Error 111 connecting")
+    healthy = status.conditions([], None, 1)
+    first = status.problem_event(closed, healthy)
+    assert first is not None and (first.type, first.reason, first.message) == ("Warning", closed.reason, closed.message)
+    assert status.problem_event(refused, status.conditions([], closed, 1, healthy)) is None
+    bad = status.Problem("InvalidSpec", "spec.lockTimeoutSeconds: must be >= 1, got -5", permanent=True)
+    worse = status.Problem("InvalidSpec", "spec.scaling.maxReplicas: must be >= 0, got -1", permanent=True)
+    assert status.problem_event(bad, status.conditions([], bad, 1)) is None  # the same mistake: once
+    assert status.problem_event(worse, status.conditions([], bad, 1)) is not None
+    assert status.problem_event(None, healthy) is None
+
+
 @pytest.mark.parametrize("spec, expected", [
     ({"queueRef": {"name": "emails"}, "schedule": "0 2 * * *", "task": {"name": "send_report"}},
      {"queue": "shop/emails", "cron": "0 2 * * *", "timezone": "UTC", "missed": "coalesce", "suspend": False,
