@@ -280,3 +280,48 @@ async def test_the_python_defaults_reach_the_scripts(make_queue):
         SETTING_DEFAULTS["dedup_window_ms"] + 5000
     assert (await q.offer("job", {}, task_id="kept")).created is False
     assert len(await q.redis.xrange(q.keys.key("events"))) > 0  # events_maxlen > 0 by default
+
+
+def _code_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip() and not line.startswith("--")]
+
+
+def test_lib_lua_splits_into_its_definitions_without_losing_a_line():
+    lib = read("lib")
+    definitions = scripts.lib_definitions()
+    assert _code_lines(lib[lib.index("]]") + 2:]) == [line for _, text in definitions for line in _code_lines(text)]
+    names = [name for defined, _ in definitions for name in defined]
+    assert len(names) == len(set(names)), "a name of lib.lua is defined twice"
+    assert {"now_ms", "complete_each", "K_PEEKED", "resend_text"} <= set(names)
+
+
+def test_a_lib_lua_that_breaks_the_split_rule_is_refused(monkeypatch):
+    """A top-level statement other than a definition would be dropped or misplaced: refused."""
+    lib = read("lib") + "\nif DEFAULTS then local x = 1 end\n"
+    monkeypatch.setattr(scripts, "_lua_file", lambda name: lib)
+    with pytest.raises(ValueError, match="not a local definition: 'if DEFAULTS"):
+        scripts.lib_definitions.__wrapped__()
+
+
+@pytest.mark.parametrize("operation", sorted(SCRIPTS))
+def test_each_script_defines_every_lib_helper_it_names(operation):
+    """Read off the final source, independently of how prelude() chose: every name of
+    lib.lua that the script's text uses is defined in that text before the script's own code."""
+    source = scripts.source(operation)
+    own = read(operation)
+    assert source.endswith(own)
+    head = source[:-len(own)]
+    lib_names = {name for defined, _ in scripts.lib_definitions() for name in defined}
+    used = set(re.findall(r"[A-Za-z_]\w*", source)) & lib_names
+    defined = {name for name in lib_names
+               if re.search(rf"^local (function {name}\b|[\w, ]*\b{name}\b)", head, re.M)}
+    assert used <= defined, f"{operation}.lua uses lib.lua's {sorted(used - defined)} undefined"
+
+
+def test_a_script_carries_only_the_helpers_it_uses():
+    """The point of the split: an offer defines none of the settlement machinery."""
+    offer = scripts.source("offer")
+    for helper in ("use_receipts", "complete_each", "record_attempt", "settle"):
+        assert f"local function {helper}(" in scripts.prelude()
+        assert f"local function {helper}(" not in offer
+    assert len(scripts.prelude("offer")) < len(scripts.prelude()) / 2
