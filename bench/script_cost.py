@@ -3,6 +3,7 @@
     python bench/script_cost.py               # k = 1 6 20 completions (and leases) per call
     python bench/script_cost.py --k 1 10 --rounds 200
     python bench/script_cost.py --k 1 10 --overhead   # and what a call pays before its own work
+    python bench/script_cost.py --k 10 --small        # and an offer of one task, a renew of one lease
 
 Starts its own redis-server under `valgrind --tool=callgrind` (Debian's valgrind), fills
 a queue, then for each k times `rounds` calls of `complete_and_acquire` with k
@@ -122,17 +123,43 @@ async def overhead(grind: Callgrind, rounds: int) -> dict[str, float]:
     return costs
 
 
+async def small_calls(grind: Callgrind, rounds: int) -> dict[str, float]:
+    """Instructions per call of the calls that carry one task: a producer's `offer`, and a
+    heartbeat's renew of one lease (each call defines the lib.lua helpers it uses)."""
+    client = aioredis.Redis(port=grind.port, decode_responses=True)
+    await client.flushall()
+    q = TaskQueue("small", redis=client, retention_completed=0)
+    costs = {}
+    await q.offer("t", {"i": 0})  # the script loaded
+    grind.zero()
+    for i in range(rounds):
+        await q.offer("t", {"i": i})
+    costs["offer of one task"] = grind.dumped() / rounds
+    lease = await q.acquire()
+    await q.engine.renew([lease])
+    grind.zero()
+    for _ in range(rounds):
+        await q.engine.renew([lease])
+    costs["renew of one lease"] = grind.dumped() / rounds
+    await client.aclose()
+    return costs
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--k", type=int, nargs="+", default=[1, 6, 20], help="completions and leases per call")
     parser.add_argument("--rounds", type=int, default=100, help="calls measured per k")
     parser.add_argument("--overhead", action="store_true",
                         help="also what a call pays before its own work (EVALSHA, lib.lua)")
+    parser.add_argument("--small", action="store_true", help="also an offer of one task and a renew of one lease")
     args = parser.parse_args()
     grind = Callgrind()
     try:
         if args.overhead:
             for name, cost in (await overhead(grind, args.rounds)).items():
+                print(f"{name}: {cost:10,.0f} instructions per call", flush=True)
+        if args.small:
+            for name, cost in (await small_calls(grind, args.rounds)).items():
                 print(f"{name}: {cost:10,.0f} instructions per call", flush=True)
         costs = {}
         for k in args.k:
