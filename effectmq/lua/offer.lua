@@ -18,7 +18,7 @@ local woke = false
 local ready = {}  -- ids the wake message names (and that join the waiting index)
 local ready_prio = {}
 local later = {}  -- due time, id pairs for the delayed index
-local first_due = next_due()
+local first_due = nil  -- the first due delayed task's time, read on the first delayed offer
 local fields, extra  -- of the task being created
 local function keep(field, value)  -- an optional field, and its letter in `extra`
   fields[#fields + 1] = field
@@ -61,6 +61,7 @@ for i = 0, n - 1 do
     if delay > 0 then
       later[#later + 1] = now + delay
       later[#later + 1] = id
+      if first_due == nil then first_due = next_due() end
       if first_due < 0 or now + delay < first_due then
         first_due = now + delay
         woke = true  -- a sleeping worker's next look must come sooner
