@@ -39,6 +39,11 @@ class QueueKeys:
         return self.base + "done:" + task_id
 
     @property
+    def write_probe(self) -> str:
+        """A short-lived key that TaskQueue.check_writes() writes, as an offer would."""
+        return self.base + "probe"
+
+    @property
     def wake_channel(self) -> str:
         return self.base + "wake"
 

@@ -477,6 +477,14 @@ class TaskQueue(OwnsConnection):
         with self._redis_errors:
             await self.redis.ping()
 
+    async def check_writes(self) -> None:
+        """Raise RedisUnavailable when Redis refuses a write that may grow memory, as it
+        refuses offers then: full at maxmemory (noeviction), a failing RDB save
+        (MISCONF), a read-only replica, too few replicas. Reads, settlements and
+        maintenance may still go through. Writes one key that expires within a minute."""
+        with self._redis_errors:
+            await self.redis.set(self.keys.write_probe, "1", px=60_000)
+
     async def eviction_policy(self) -> str | None:
         """Redis's maxmemory-policy, or None when Redis does not say (managed services often
         disable CONFIG)."""

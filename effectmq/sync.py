@@ -89,6 +89,9 @@ class SyncTaskQueue:
     def ping(self) -> None:
         self._run(self._queue.ping())
 
+    def check_writes(self) -> None:
+        self._run(self._queue.check_writes())
+
     def close(self) -> None:
         if self._loop.is_running():
             self._run(self._queue.close())

@@ -60,6 +60,7 @@ class QueueFacts:
 
     spec_problem: Problem | None = None
     redis_problem: Problem | None = None
+    write_problem: Problem | None = None  # Redis answers but refuses new writes (offers); NotChecked: cannot tell
     stats: Any = None  # effectmq.QueueStats when Redis answered
     has_worker: bool = True
     deployment: DeploymentFacts | None = None
@@ -154,13 +155,23 @@ def plan(facts: QueueFacts, *, generation: int | None, previous: Mapping[str, An
     checks: list[Check] = []
     if problem is not None:
         checks = [Check("RedisReachable", "Unknown", "NotChecked", "the spec is invalid"),
+                  Check("AcceptingTasks", "Unknown", "NotChecked", "the spec is invalid"),
                   Check("WorkersDeployed", "Unknown", "NotChecked", "the spec is invalid")]
     else:
         if facts.redis_problem is not None:
             checks.append(Check.of("RedisReachable", False, facts.redis_problem.reason, facts.redis_problem.message))
+            checks.append(Check("AcceptingTasks", "Unknown", "NotChecked", "Redis is not reachable"))
             problem = facts.redis_problem
         else:
             checks.append(Check.of("RedisReachable", True, "Connected", "queue settings written to Redis"))
+            p = facts.write_problem
+            if p is not None and p.reason == "NotChecked":  # an ACL that forbids the probe
+                checks.append(Check("AcceptingTasks", "Unknown", p.reason, p.message))
+            elif p is not None:
+                checks.append(Check.of("AcceptingTasks", False, p.reason, p.message))
+                problem = p
+            else:
+                checks.append(Check.of("AcceptingTasks", True, "Accepting", "Redis takes new tasks"))
         workers, workers_problem = _workers_check(facts)
         checks.append(workers)
         if workers_problem is not None and (problem is None or (workers_problem.permanent and not problem.permanent)):

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import effectmq
 from kubernetes.client.rest import ApiException
 
 from . import builders, control, metrics, scaling
@@ -29,6 +30,9 @@ from .workqueue import Key, Registry, WorkQueue, key_of, newer
 
 log = logging.getLogger("effectmq.operator")
 MAINTENANCE_BATCH = 200
+# Refusals of a write by a Redis that answers: full (noeviction), a failing RDB save, a
+# read-only replica, too few replicas. Other errors mean it cannot be used at all.
+WRITE_REFUSALS = frozenset({"OOM", "MISCONF", "READONLY", "NOREPLICAS"})
 # Seconds of sweeping per poll while calls report more: a Queue whose workers are gone
 # still sheds its expired records, and one backlog cannot hold a poll for long.
 MAINTENANCE_BUDGET = 0.5
@@ -169,7 +173,7 @@ class QueueController:
                                                       decision=None, replicas_before=None))
             return False
 
-        stats, workers, redis_problem = await self._observe_redis(key, spec)
+        stats, workers, redis_problem, write_problem = await self._observe_redis(key, spec)
         live = self.deployments.get(key)
         decision = None
         replicas_before = None
@@ -207,7 +211,8 @@ class QueueController:
                                             and exc.status not in (408, 409, 429))
                     if decision is not None:
                         replicas_before = None  # nothing was scaled
-        facts = control.QueueFacts(redis_problem=redis_problem, stats=stats, has_worker=spec.worker is not None,
+        facts = control.QueueFacts(redis_problem=redis_problem, write_problem=write_problem, stats=stats,
+                                   has_worker=spec.worker is not None,
                                    deployment=control.DeploymentFacts.of(live) if live else None,
                                    apply_problem=apply_problem)
         plan = control.plan(facts, generation=generation, previous=previous, decision=decision,
@@ -223,21 +228,31 @@ class QueueController:
         return redis_problem is None and apply_problem is None
 
     async def _observe_redis(self, key: Key, spec: QueueSpec):
-        """Settings, bounded maintenance, stats and workers; or the problem that stopped them."""
+        """Settings, bounded maintenance, stats, workers and whether Redis takes new
+        writes (offers); or the problem that stopped them."""
         target = None
         self.kube.check_leader()  # maintenance and settings are writes too
         try:
             target = await self.connections.target(key[0], spec.redis)
             self.targets[key] = target
             # The deadline leaves part of the reconcile's own for writing the condition that says so.
-            stats, workers = await self.connections.poll(target, lambda: self._poll(key, target, spec),
-                                                         self.redis_deadline)
-            return stats, workers, None
+            stats, workers, refusal = await self.connections.poll(target, lambda: self._poll(key, target, spec),
+                                                                  self.redis_deadline)
+            return stats, workers, None, self._write_problem(refusal, target)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             metrics.POLL_ERRORS.labels(f"{key[0]}/{key[1]}").inc()
-            return None, {}, self.connections.problem(exc, target)
+            return None, {}, self.connections.problem(exc, target), None
+
+    def _write_problem(self, refusal: Exception | None, target: RedisTarget) -> Problem | None:
+        """What the write probe's refusal says about offers (None: Redis took the write)."""
+        if refusal is None:
+            return None
+        message = self.connections.problem(refusal, target).message
+        if isinstance(refusal, effectmq.RedisRefused):  # an ACL without SET: the probe cannot tell
+            return Problem("NotChecked", f"the write probe was refused: {message}")
+        return Problem("RedisRefusesWrites", f"offers are refused: {message}; workers still settle the tasks they hold")
 
     async def _poll(self, key: Key, target: RedisTarget, spec: QueueSpec):
         q = self.connections.queue(target, builders.queue_name(*key))
@@ -248,7 +263,16 @@ class QueueController:
             rt.settings, rt.settings_at = (target, settings), time.monotonic()
         report = await q.sweep(batch=MAINTENANCE_BATCH, budget=MAINTENANCE_BUDGET)
         metrics.record_maintenance(q.name, report)
-        return await q.stats(), await q.workers()
+        stats, workers = await q.stats(), await q.workers()
+        try:
+            await q.check_writes()
+        except effectmq.RedisUnavailable as exc:
+            if exc.code not in WRITE_REFUSALS:
+                raise
+            return stats, workers, exc
+        except effectmq.RedisRefused as exc:
+            return stats, workers, exc
+        return stats, workers, None
 
     def _facts(self, key: Key) -> control.DeploymentFacts | None:
         live = self.deployments.get(key)

@@ -65,6 +65,34 @@ def test_a_queue_without_worker_is_ready_with_a_reason():
     assert conds(plan)["Ready"] == ("True", "Ready") and conds(plan)["WorkersDeployed"] == ("True", "NoWorkers")
 
 
+def test_a_redis_that_refuses_writes_is_not_ready_but_still_observed():
+    refusal = Problem("RedisRefusesWrites", "offers are refused: OOM command not allowed")
+    facts = control.QueueFacts(stats=Stats(), deployment=control.DeploymentFacts.of(deployment()),
+                               write_problem=refusal)
+    plan = control.plan(facts, generation=4, previous={}, decision=None, replicas_before=None, now=NOW)
+    assert conds(plan)["Ready"] == ("False", "RedisRefusesWrites")
+    assert conds(plan)["AcceptingTasks"] == ("False", "RedisRefusesWrites")
+    assert conds(plan)["RedisReachable"][0] == "True" and conds(plan)["WorkersDeployed"][0] == "True"
+    assert (conds(plan)["Reconciling"][0], conds(plan)["Stalled"][0]) == ("True", "False")  # it clears by itself
+    assert plan.status["backlog"]["waiting"] == 12  # Redis still answers reads
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "RedisRefusesWrites")]
+    again = control.plan(facts, generation=4, previous=plan.status, decision=None, replicas_before=None, now=NOW)
+    assert again.events == []  # one Warning per outage
+    # A mistake only the user can fix says so first.
+    broken = control.QueueFacts(stats=Stats(), deployment=control.DeploymentFacts.of(deployment()),
+                                write_problem=refusal,
+                                apply_problem=Problem("DeploymentFailed", "422 Unprocessable Entity: bad", True))
+    plan = control.plan(broken, generation=4, previous={}, decision=None, replicas_before=None, now=NOW)
+    assert conds(plan)["Ready"] == ("False", "DeploymentFailed") and conds(plan)["AcceptingTasks"][0] == "False"
+    unknown = control.QueueFacts(stats=Stats(), deployment=control.DeploymentFacts.of(deployment()),
+                                 write_problem=Problem("NotChecked", "the write probe was refused: NOPERM"))
+    plan = control.plan(unknown, generation=4, previous={}, decision=None, replicas_before=None, now=NOW)
+    assert conds(plan)["AcceptingTasks"] == ("Unknown", "NotChecked") and conds(plan)["Ready"][0] == "True"
+    healthy = control.plan(control.QueueFacts(stats=Stats(), deployment=control.DeploymentFacts.of(deployment())),
+                           generation=4, previous={}, decision=None, replicas_before=None, now=NOW)
+    assert conds(healthy)["AcceptingTasks"] == ("True", "Accepting")
+
+
 def test_redis_down_keeps_the_last_backlog_and_retries():
     previous = {"backlog": {"waiting": 5}, "oldestWaitingSeconds": 1.0}
     facts = control.QueueFacts(redis_problem=Problem("RedisUnreachable", "Redis unreachable: timeout"),
@@ -72,6 +100,7 @@ def test_redis_down_keeps_the_last_backlog_and_retries():
     plan = control.plan(facts, generation=1, previous=previous, decision=None, replicas_before=None, now=NOW)
     assert conds(plan)["Ready"] == ("False", "RedisUnreachable") and conds(plan)["Reconciling"][0] == "True"
     assert plan.status["backlog"] == {"waiting": 5}
+    assert conds(plan)["AcceptingTasks"] == ("Unknown", "NotChecked")  # not claimed either way
     assert [e.type for e in plan.events] == ["Warning"]
     assert control.plan(facts, generation=1, previous=plan.status, decision=None, replicas_before=None,
                         now=datetime(2026, 12, 2, tzinfo=timezone.utc)).status == plan.status  # no rewrite per poll

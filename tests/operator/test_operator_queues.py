@@ -262,3 +262,48 @@ def test_bad_input_becomes_conditions_and_events(kube_control_plane, kube_namesp
     plane.kubectl("create", "secret", "generic", "missing", "-n", ns, f"--from-literal=url={redis_url}")
     plane.kubectl("annotate", "queue", "nosecret", "-n", ns, "retry=1")
     wait_for(lambda: reason("nosecret") and reason("nosecret")[0] == "True", timeout=40, what="healed")
+
+
+def test_a_queue_whose_redis_refuses_writes_says_so_and_recovers(kube_control_plane, kube_namespace,
+                                                                start_operator, redis_url):
+    """Was: with its Redis full (maxmemory, noeviction) every offer failed with OOM while
+    the Queue said Ready=True: its settings, maintenance and status reads still worked."""
+    import redis
+
+    plane, ns = kube_control_plane, kube_namespace
+    start_operator()
+    body = yaml.safe_load(queue_manifest("orders", redis_url))
+    del body["spec"]["worker"], body["spec"]["scaling"]  # no pods here: Ready says only what Redis does
+    apply(plane, ns, yaml.safe_dump(body))
+
+    def state(type_="Ready"):
+        c = condition(get(plane, ns, "queue", "orders"), type_)
+        return c and (c["status"], c["reason"], c["message"])
+
+    wait_for(lambda: (state() or ("",))[0] == "True", timeout=30, what="Ready")
+    assert state("AcceptingTasks")[:2] == ("True", "Accepting")
+    server = redis.Redis.from_url(redis_url)
+    q = effectmq.SyncTaskQueue(f"{ns}/orders", url=redis_url)
+    try:
+        q.offer("send_email", {"to": "a@b.c"})
+        server.config_set("maxmemory", 1)
+        with pytest.raises(effectmq.RedisUnavailable, match="OOM"):
+            q.offer("send_email", {"to": "d@e.f"})  # what producers meet
+        status, reason, message = wait_for(lambda: (r := state()) and r[0] == "False" and r, timeout=20,
+                                           what="Ready=False while Redis refuses writes")
+        assert reason == "RedisRefusesWrites" and "OOM" in message and "offers" in message, (reason, message)
+        assert state("AcceptingTasks")[:2] == ("False", "RedisRefusesWrites")
+        assert state("RedisReachable")[0] == "True"
+        assert state("Reconciling")[0] == "True" and state("Stalled")[0] == "False"
+        assert get(plane, ns, "queue", "orders")["status"]["backlog"]["waiting"] == 1  # still observed
+        wait_for(lambda: any(t == "Warning" and r == "RedisRefusesWrites" for t, r, _ in events(plane, ns, "orders")),
+                 what="a Warning Event")
+    finally:
+        server.config_set("maxmemory", 0)
+        server.close()
+    wait_for(lambda: (state() or ("",))[0] == "True", timeout=20, what="Ready again once Redis takes writes")
+    assert state("AcceptingTasks")[:2] == ("True", "Accepting")
+    q.offer("send_email", {"to": "d@e.f"})
+    q.close()
+    warnings = [m for t, r, m in events(plane, ns, "orders") if r == "RedisRefusesWrites"]
+    assert len(warnings) == 1, warnings  # one per outage
