@@ -249,7 +249,7 @@ class QueueController:
         """What the write probe's refusal says about offers (None: Redis took the write)."""
         if refusal is None:
             return None
-        message = self.connections.problem(refusal, target).message
+        message = self.connections.problem(refusal, target).message.rstrip(". ")
         if isinstance(refusal, effectmq.RedisRefused):  # an ACL without SET: the probe cannot tell
             return Problem("NotChecked", f"the write probe was refused: {message}")
         return Problem("RedisRefusesWrites", f"offers are refused: {message}; workers still settle the tasks they hold")
