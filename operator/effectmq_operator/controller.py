@@ -238,7 +238,11 @@ class QueueController:
             # The deadline leaves part of the reconcile's own for writing the condition that says so.
             stats, workers, refusal = await self.connections.poll(target, lambda: self._poll(key, target, spec),
                                                                   self.redis_deadline)
-            return stats, workers, None, self._write_problem(refusal, target)
+            write_problem = self._write_problem(refusal, target)
+            accepting = metrics.ACCEPTING_TASKS.labels(f"{key[0]}/{key[1]}")
+            if write_problem is None or write_problem.reason != "NotChecked":
+                accepting.set(0 if write_problem else 1)
+            return stats, workers, None, write_problem
         except asyncio.CancelledError:
             raise
         except Exception as exc:

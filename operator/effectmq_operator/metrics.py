@@ -9,6 +9,9 @@ DESIRED_REPLICAS = Gauge("effectmq_operator_desired_replicas", "Replicas the las
 BACKLOG = Gauge("effectmq_operator_backlog", "Tasks per state at the last poll", ["queue", "state"])
 OLDEST_WAITING = Gauge("effectmq_operator_oldest_waiting_seconds", "Age of the oldest waiting task", ["queue"])
 POLL_ERRORS = Counter("effectmq_operator_poll_errors", "Polls that could not reach Redis", ["queue"])
+ACCEPTING_TASKS = Gauge("effectmq_operator_accepting_tasks",
+                        "1 when the queue's Redis took the last poll's probe write (offers go through), 0 when it "
+                        "refused it (full at maxmemory, a failing RDB save, a read-only replica)", ["queue"])
 RECOVERED = Counter("effectmq_operator_leases_recovered", "Expired leases recovered by the operator's maintenance",
                     ["queue", "outcome"])
 RECONCILES = Counter("effectmq_operator_reconciles", "Queue reconciles finished", ["outcome"])

@@ -41,7 +41,8 @@ ALL_ON = ["--set", "dashboard.enabled=true", "--set", "redis.enabled=true",
           "--set", "podMonitor.enabled=true", "--set", "prometheusRule.enabled=true"]
 WITH_ACTIONS = ["--set", "dashboard.actions.enabled=true", "--set", "dashboard.actions.existingSecret=dash-token"]
 ALERTS = {"EffectMQOldestWaitingHigh", "EffectMQStallRateHigh", "EffectMQDeadLettersGrowing",
-          "EffectMQMaintenanceLagging", "EffectMQWorkerEventLoopBlocked", "EffectMQOperatorPollErrors"}
+          "EffectMQMaintenanceLagging", "EffectMQWorkerEventLoopBlocked", "EffectMQOperatorPollErrors",
+          "EffectMQRedisRefusesWrites"}
 # What users look for on a queue dashboard (issue 16): one panel each, by title.
 PANELS = {"Backlog per state", "Throughput", "Failure rate", "Oldest waiting age", "Stalls recovered",
           "Lease losses", "Attempt duration percentiles", "In flight", "Worker Redis readiness",
@@ -411,6 +412,7 @@ def test_exported_names_come_from_a_real_scrape(exported_names):
     # prometheus_client's suffixes, as scraped: counters _total, histograms _bucket/_sum/_count
     assert {"effectmq_attempts_total", "effectmq_handler_duration_seconds_bucket",
             "effectmq_handler_duration_seconds_count", "effectmq_operator_poll_errors_total",
+            "effectmq_operator_accepting_tasks",
             "effectmq_queue_depth", "effectmq_operator_backlog"} <= names
     assert "effectmq_attempts" not in names and "effectmq_handler_duration_seconds" not in names
 

@@ -271,7 +271,13 @@ def test_a_queue_whose_redis_refuses_writes_says_so_and_recovers(kube_control_pl
     import redis
 
     plane, ns = kube_control_plane, kube_namespace
-    start_operator()
+    operator = start_operator()
+    gauge = f'effectmq_operator_accepting_tasks{{queue="{ns}/orders"}}'
+
+    def accepting() -> float | None:  # the alert's metric, as scraped
+        line = next((line for line in operator.metrics().splitlines() if line.startswith(gauge + " ")), None)
+        return float(line.split()[1]) if line else None
+
     body = yaml.safe_load(queue_manifest("orders", redis_url))
     del body["spec"]["worker"], body["spec"]["scaling"]  # no pods here: Ready says only what Redis does
     apply(plane, ns, yaml.safe_dump(body))
@@ -281,7 +287,7 @@ def test_a_queue_whose_redis_refuses_writes_says_so_and_recovers(kube_control_pl
         return c and (c["status"], c["reason"], c["message"])
 
     wait_for(lambda: (state() or ("",))[0] == "True", timeout=30, what="Ready")
-    assert state("AcceptingTasks")[:2] == ("True", "Accepting")
+    assert state("AcceptingTasks")[:2] == ("True", "Accepting") and accepting() == 1
     server = redis.Redis.from_url(redis_url)
     q = effectmq.SyncTaskQueue(f"{ns}/orders", url=redis_url)
     try:
@@ -292,7 +298,7 @@ def test_a_queue_whose_redis_refuses_writes_says_so_and_recovers(kube_control_pl
         status, reason, message = wait_for(lambda: (r := state()) and r[0] == "False" and r, timeout=20,
                                            what="Ready=False while Redis refuses writes")
         assert reason == "RedisRefusesWrites" and "OOM" in message and "offers" in message, (reason, message)
-        assert state("AcceptingTasks")[:2] == ("False", "RedisRefusesWrites")
+        assert state("AcceptingTasks")[:2] == ("False", "RedisRefusesWrites") and accepting() == 0
         assert state("RedisReachable")[0] == "True"
         assert state("Reconciling")[0] == "True" and state("Stalled")[0] == "False"
         assert get(plane, ns, "queue", "orders")["status"]["backlog"]["waiting"] == 1  # still observed
@@ -302,7 +308,7 @@ def test_a_queue_whose_redis_refuses_writes_says_so_and_recovers(kube_control_pl
         server.config_set("maxmemory", 0)
         server.close()
     wait_for(lambda: (state() or ("",))[0] == "True", timeout=20, what="Ready again once Redis takes writes")
-    assert state("AcceptingTasks")[:2] == ("True", "Accepting")
+    assert state("AcceptingTasks")[:2] == ("True", "Accepting") and accepting() == 1
     q.offer("send_email", {"to": "d@e.f"})
     q.close()
     warnings = [m for t, r, m in events(plane, ns, "orders") if r == "RedisRefusesWrites"]
