@@ -1,10 +1,11 @@
 """The Lua scripts of the storage protocol, one per atomic operation, and their runner.
 
-Each script in ``lua/`` is prefixed with the queue settings' defaults (from
-`protocol.SETTING_DEFAULTS`) and the definitions of ``lua/lib.lua`` it uses, and called
-by SHA (EVALSHA); when
-Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH) the runner loads it and
-sends the call again. Calls take and give the typed records of `protocol`; each call
+On Redis 7 the scripts in ``lua/`` are one function library (`library`: lib.lua's
+helpers defined once, each script a function) called with FCALL. Where Redis has no
+functions for us (6.2, an ACL), each is called by SHA (EVALSHA), prefixed with the queue
+settings' defaults (from `protocol.SETTING_DEFAULTS`) and the definitions of
+``lua/lib.lua`` it uses. When Redis answers that it lacks one (after a restart, SCRIPT or
+FUNCTION FLUSH) the runner loads it and sends the call again. Calls take and give the typed records of `protocol`; each call
 declares the queue's keys and then the task hashes of its `task_ids()` (lib.lua).
 """
 
@@ -105,6 +106,50 @@ def sha(operation: str) -> str:
     return hashlib.sha1(source(operation).encode()).hexdigest()
 
 
+# The scripts a full Redis (maxmemory, noeviction) must refuse: their first write may
+# grow memory. Every other one frees first or writes nothing (lib.lua, FIRST_WRITE_FREES),
+# and as a function it says so with allow-oom; Redis refuses the rest before they run.
+REFUSED_WHEN_FULL = frozenset({"offer", "progress"})
+
+
+@cache
+def library() -> tuple[str, str]:
+    """The scripts as one Redis function library (Redis 7): its name, and its source.
+
+    lib.lua's functions are defined once, when the library loads, where an EVAL defines
+    them again on every call (about half of what a call of `return 1` after lib.lua
+    costs). Its other definitions (the queue's keys, the per-call caches and state) are
+    declared once and assigned again at the start of every call (`begin`), so no call
+    sees another's. The name carries a hash of the source: versions side by side in a
+    rolling upgrade each call their own."""
+    definitions = lib_definitions()
+    functions = [text for _, text in definitions if _defines_function(text)]
+    values = [(names, text) for names, text in definitions if not _defines_function(text)]
+    declared = sorted({name for names, _ in values for name in names} | {"KEYS", "ARGV"})
+    assignments = []
+    for names, text in values:
+        code = next(line for line in text.split("\n") if line.startswith("local "))[len("local "):]
+        head = code.split("--")[0]
+        assignments.append("  " + (code if "=" in head else ", ".join(sorted(names)) + " = nil"))
+    parts = ["local " + ", ".join(declared), lua_defaults(), *functions,
+             "local function begin(keys, args)\n  KEYS, ARGV = keys, args\n" + "\n".join(assignments) + "\nend"]
+    body = "\n".join(parts) + "\n"
+    name = "effectmq_" + hashlib.sha1(body.encode()).hexdigest()[:16]
+    for operation in OPERATIONS:
+        flags = "" if operation in REFUSED_WHEN_FULL else "'allow-oom'"
+        body += (f"redis.register_function{{function_name = '{function_name(operation, name)}', flags = {{{flags}}},"
+                 f" callback = function(keys, args)\nbegin(keys, args)\n{_lua_file(f'{operation}.lua')}\nend}}\n")
+    return name, f"#!lua name={name}\n" + body
+
+
+def _defines_function(text: str) -> bool:
+    return any(line.startswith("local function ") for line in text.split("\n"))
+
+
+def function_name(operation: str, library_name: str | None = None) -> str:
+    return f"{library_name or library()[0]}_{operation}"
+
+
 R = TypeVar("R")
 
 
@@ -122,6 +167,9 @@ class ScriptRunner:
         self.errors = errors
         self.keys = [k.encode() for k in keys]  # the queue's; keys[0] is its base
         self.nkeys = len(self.keys)
+        # FCALL of library() while Redis has functions (7.0 on); False: EVALSHA, for a
+        # Redis without them (6.2) or an ACL that forbids them.
+        self.functions = True
 
     def task_keys(self, task_ids: Sequence[str | bytes]) -> list[bytes]:
         """The task hashes of these ids (keys.QueueKeys.task), as the scripts declare them."""
@@ -134,7 +182,8 @@ class ScriptRunner:
         return [prefix + i.encode() for i in receipt_ids]
 
     def _packed(self, operation: str, argv: Sequence[Any], task_keys: Sequence[bytes] = ()) -> list[bytes]:
-        command = ("EVALSHA", sha(operation), self.nkeys + len(task_keys), *self.keys, *task_keys, *argv)
+        head = ("FCALL", function_name(operation)) if self.functions else ("EVALSHA", sha(operation))
+        command = (*head, self.nkeys + len(task_keys), *self.keys, *task_keys, *argv)
         if _pack is not None:
             return [_pack(command)]
         return Connection().pack_command(*command)  # packing needs no connected socket
@@ -157,16 +206,18 @@ class ScriptRunner:
         replies parsed. With the script's `raw`, strings in a reply stay bytes."""
         first = calls[0]
         with self.errors:
-            packed = [self._packed(args.operation, args.argv(),
-                                   self.task_keys(args.task_ids()) + self.receipt_keys(args.receipt_ids()))
-                      for args in calls]
+            def packed() -> list[list[bytes]]:  # again after a change of self.functions
+                return [self._packed(args.operation, args.argv(),
+                                     self.task_keys(args.task_ids()) + self.receipt_keys(args.receipt_ids()))
+                        for args in calls]
             replies = await self._call(first.operation, packed, first.raw)
         return [args.parse(reply) for args, reply in zip(calls, replies)]
 
-    async def _call(self, operation: str, packed: list[list[bytes]], raw: bool) -> list:
-        """Send packed calls of one script: loaded on NOSCRIPT, sent again once after a lost
-        connection when that is safe; an error reply raises."""
-        loaded = resent = False
+    async def _call(self, operation: str, pack: Callable[[], list[list[bytes]]], raw: bool) -> list:
+        """Send packed calls of one script: loaded when Redis does not have it, sent again
+        once after a lost connection when that is safe; an error reply raises."""
+        resent = False
+        packed = pack()
         while True:
             try:
                 replies = await self._send(packed, raw)
@@ -175,17 +226,47 @@ class ScriptRunner:
                     raise
                 resent = True  # once, on a fresh connection
                 continue
-            missing = [isinstance(r, redis_errors.NoScriptError) for r in replies]
-            if any(missing) and not loaded:  # after a restart or SCRIPT FLUSH: load, send those again
-                await self.client.script_load(source(operation))
-                loaded = True
+            missing = [_not_loaded(r) for r in replies]
+            for _ in range(2):  # after a restart, SCRIPT or FUNCTION FLUSH: load, send those again
+                if not any(missing):  # (twice: functions refused, then the script by SHA)
+                    break
+                await self._load(operation, replies)
+                packed = pack()
                 again = await self._send([p for p, m in zip(packed, missing) if m], raw)
                 it = iter(again)
                 replies = [next(it) if m else r for r, m in zip(replies, missing)]
+                missing = [_not_loaded(r) for r in replies]
             for reply in replies:
                 if isinstance(reply, redis_errors.ResponseError):
                     raise reply
             return replies
+
+    async def _load(self, operation: str, replies: list) -> None:
+        """Load the library, or the script when Redis has no functions for us (then for good)."""
+        if self.functions and not any(_functions_refused(r) for r in replies):
+            try:
+                await self.client.function_load(library()[1], replace=True)
+                return
+            except redis_errors.ResponseError as exc:
+                if not _functions_refused(exc):
+                    raise
+        self.functions = False
+        await self.client.script_load(source(operation))
+
+
+def _not_loaded(reply: Any) -> bool:
+    """Whether a reply says Redis lacks the script or function called (it ran nothing)."""
+    return isinstance(reply, redis_errors.NoScriptError) or _functions_refused(reply) or (
+        isinstance(reply, redis_errors.ResponseError) and str(reply).startswith("Function not found"))
+
+
+def _functions_refused(reply: Any) -> bool:
+    """A Redis without functions (6.2: unknown command), or an ACL that forbids them."""
+    if not isinstance(reply, redis_errors.ResponseError):
+        return False
+    text = str(reply).lower()
+    return (text.startswith("unknown command") and ("'fcall'" in text or "'function'" in text)
+            or "no permissions to run the 'fcall'" in text or "no permissions to run the 'function" in text)
 
 
 async def exchange(conn: Connection, packed: list, raw: bool, *, asking: bool = False) -> list:

@@ -264,7 +264,7 @@ async def throughput(adapter, args, client: resp.Resp, env: dict, probedir: Path
         "redis_commands_top": dict(list(d["calls"].items())[:12]),
         # time inside commands (a script's own entry includes the commands it ran)
         "redis_usec_per_job_top": {k: v / args.jobs for k, v in list(d["usec"].items())[:12]},
-        "evalsha_per_job": (d["calls"].get("evalsha", 0) + d["calls"].get("eval", 0)) / args.jobs,
+        "evalsha_per_job": sum(d["calls"].get(c, 0) for c in ("fcall", "evalsha", "eval")) / args.jobs,
     })
     redis_us = out["redis_cpu_ms_per_job"] * 1000
     out["redis_cpu_us_per_job"] = redis_us

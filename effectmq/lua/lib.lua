@@ -1,4 +1,5 @@
---[[ lib.lua: helpers prepended to every script at load time.
+--[[ lib.lua: helpers of every script (each EVAL script carries those it uses; the function
+library defines them once, see scripts.py).
 
 Every script receives the same queue-level KEYS first (all share the queue's hash tag):
   KEYS[1]  base        "{emq:<queue>}:"  a prefix, never read or written: task hashes are
@@ -424,7 +425,9 @@ end
 -- write that frees, so a full Redis still lets the work in flight renew and finish, where
 -- every attempt used to lose its lease and stall; offers and progress are refused. A
 -- worker's announcement and a setting (pause) drop the old entry first, for the same
--- reason, and acquire's naming hint is written with pcall.
+-- reason, and acquire's naming hint is written with pcall. As functions (Redis 7) the
+-- same holds by flags: allow-oom on all but offer and progress, which a full Redis
+-- refuses before they run (scripts.REFUSED_WHEN_FULL).
 
 -- Is the caller the current owner, with a lease that has not run out by Redis time?
 -- Returns the task key when it is, and {extra, state, token, lock_until (a number)}.

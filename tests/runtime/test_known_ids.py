@@ -16,15 +16,12 @@ import pytest
 
 import effectmq
 from effectmq import protocol
+from tests.support.commandstats import script_calls
 from tests.support.inprocess import drain
 
 
 def publishes(client) -> int:
     return client.info("commandstats").get("cmdstat_publish", {}).get("calls", 0)
-
-
-def script_calls(client) -> int:
-    return client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
 
 
 async def test_completions_nobody_waits_for_publish_nothing(make_redis):

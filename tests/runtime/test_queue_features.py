@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 import effectmq
+from effectmq import scripts
 
 
 async def test_reoffer_leaves_stored_task_untouched(queue):
@@ -202,9 +203,11 @@ async def test_task_error_not_retryable_ends_at_once(queue):
 async def test_scripts_reload_after_script_flush(queue):
     await queue.offer("x", None)
     await queue.redis.script_flush()
-    lease = await queue.acquire()  # NOSCRIPT answered, script loaded again
+    await queue.redis.function_flush()  # a restart without persistence drops both
+    lease = await queue.acquire()  # 'Function not found' answered, library loaded again
     await lease.complete()
     assert (await queue.stats()).completed == 1
+    assert await queue.redis.function_list(library=scripts.library()[0])  # the library is back
 
 
 async def test_maintenance_recovers_at_most_batch_leases(make_queue):

@@ -399,5 +399,6 @@ async def test_scripts_are_loaded_again_after_a_script_flush_on_every_master(red
         await q.offer("work", {})
         for node in redis_cluster.masters():
             node.client().script_flush()
-        await q.offer("work", {})  # NOSCRIPT: loaded, sent again
+            node.client().function_flush()
+        await q.offer("work", {})  # 'Function not found': loaded, sent again
         assert (await q.stats()).waiting == 2

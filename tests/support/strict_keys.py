@@ -42,8 +42,9 @@ _ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "a": "\a", "b": "\b", "\\": "\\", '
 
 
 def known_scripts() -> dict[str, str]:
-    """SHA -> name ("engine:<op>", "scheduler:<op>") of every script the project calls."""
+    """SHA or function name -> name ("engine:<op>", "scheduler:<op>") of every script the project calls."""
     names = {scripts.sha(op): f"engine:{op}" for op in protocol.SCRIPTS}
+    names.update({scripts.function_name(op): f"engine:{op}" for op in protocol.SCRIPTS})
     for op in schedule_store.OPERATIONS:
         names[hashlib.sha1(schedule_store.source(op).encode()).hexdigest()] = f"scheduler:{op}"
     return names
@@ -109,7 +110,7 @@ def _script_call(args: tuple[str, ...], names: dict[str, str]) -> _Call:
         sha = hashlib.sha1(args[1].encode()).hexdigest()
         script = names.get(sha, f"EVAL {args[1][:40]!r}")
     else:
-        script = f"FCALL {args[1]}"
+        script = names.get(args[1], f"FCALL {args[1]}")
     return _Call(script, frozenset(args[3:3 + nkeys]))
 
 

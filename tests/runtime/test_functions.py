@@ -1,0 +1,71 @@
+"""The scripts as a Redis function library (FCALL), and the fall back to EVALSHA where
+Redis has no functions for us (6.2, or an ACL that forbids them)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import redis.exceptions as redis_errors
+
+import effectmq
+from effectmq import scripts
+from effectmq.protocol import SCRIPTS
+
+
+def test_the_library_registers_every_operation_and_resets_every_definition_per_call():
+    name, source = scripts.library()
+    assert source.startswith(f"#!lua name={name}\n")
+    registered = re.findall(r"function_name = '(\w+)', flags = \{([^}]*)\}", source)
+    assert {fn for fn, _ in registered} == {scripts.function_name(op) for op in SCRIPTS}
+    # Only the scripts a full Redis must refuse lack allow-oom (lib.lua, FIRST_WRITE_FREES).
+    refused = {fn for fn, flags in registered if "allow-oom" not in flags}
+    assert refused == {scripts.function_name(op) for op in ("offer", "progress")}
+    begin = source[source.index("local function begin("):source.index("\nend\n", source.index("local function begin("))]
+    for names, text in scripts.lib_definitions():
+        if not any(line.startswith("local function ") for line in text.splitlines()):
+            assert re.search(rf"^  [\w, ]*\b{sorted(names)[0]}\b[\w, ]* =", begin, re.M), \
+                f"{sorted(names)} is not assigned again on each call"
+
+
+async def test_a_call_does_not_see_the_task_keys_an_earlier_call_declared(make_queue):
+    """Per-call state lives in the library's upvalues: each call starts from its own."""
+    q = make_queue("functions-fresh-state")
+    await q.offer("job", {}, task_id="t1")
+    lease = await q.acquire()
+    await lease.progress(1)  # declares t1's hash: the library keeps its set of declared keys
+    keys = q.keys.script_keys
+    with pytest.raises(redis_errors.ResponseError, match="undeclared task key"):
+        await q.redis.fcall(scripts.function_name("progress"), len(keys), *keys, "t1", lease.token, "2")
+    assert (await q.get("t1")).progress == 1
+
+
+async def test_without_functions_the_scripts_run_by_sha(make_redis):
+    """An ACL that forbids FCALL and FUNCTION (as on a Redis without them): EVALSHA, all of it."""
+    server = make_redis()
+    admin = server.client()
+    admin.acl_setuser("nofunctions", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                      commands=["+@all", "-fcall", "-fcall_ro", "-function"])
+    url = f"redis://nofunctions:pw@127.0.0.1:{server.port}/0"
+    async with effectmq.TaskQueue("by-sha", url=url) as q:
+        await q.offer("job", {"n": 1})
+        lease = await q.acquire()
+        await lease.complete("done")
+        assert (await q.stats()).completed == 1
+        assert q._scripts.functions is False
+    stats = admin.info("commandstats")
+    assert stats["cmdstat_evalsha"]["calls"] >= 4
+    assert stats.get("cmdstat_fcall", {}).get("calls", 0) == 0  # refused by the ACL, never run
+    assert admin.function_list() == []
+
+
+@pytest.mark.parametrize("reply, refused", [
+    ("unknown command 'FCALL', with args beginning with: 'effectmq_x_offer' '17' ", True),  # Redis 6.2
+    ("unknown command 'FUNCTION', with args beginning with: 'LOAD' ", True),
+    ("this user has no permissions to run the 'fcall' command", True),
+    ("this user has no permissions to run the 'function|load' command", True),
+    ("Function not found", False),  # loaded, then sent again
+    ("unknown command 'ZMSCORE', with args beginning with: ", False),  # inside a script: not ours to hide
+])
+def test_which_replies_mean_redis_has_no_functions_for_us(reply, refused):
+    assert scripts._functions_refused(redis_errors.ResponseError(reply)) is refused
