@@ -5,8 +5,9 @@ helpers defined once, each script a function) called with FCALL. Where Redis has
 functions for us (6.2, an ACL), each is called by SHA (EVALSHA), prefixed with the queue
 settings' defaults (from `protocol.SETTING_DEFAULTS`) and the definitions of
 ``lua/lib.lua`` it uses. When Redis answers that it lacks one (after a restart, SCRIPT or
-FUNCTION FLUSH) the runner loads it and sends the call again. Calls take and give the typed records of `protocol`; each call
-declares the queue's keys and then the task hashes of its `task_ids()` (lib.lua).
+FUNCTION FLUSH) the runner loads it and sends the call again. Calls take and give the
+typed records of `protocol`; each call declares the queue's keys and then the task
+hashes of its `task_ids()` (lib.lua).
 """
 
 from __future__ import annotations
