@@ -84,11 +84,12 @@ def prelude(operation: str | None = None) -> str:
     when `operation` is None). Each one costs every call of the script, whether it uses
     it or not: defining all of lib.lua's helpers was a quarter of an offer's Redis work."""
     definitions = lib_definitions()
+    chosen: set[int] = set()
     if operation is None:
-        chosen = range(len(definitions))
+        chosen.update(range(len(definitions)))
     else:
         where = {name: i for i, (names, _) in enumerate(definitions) for name in names}
-        chosen, todo = set(), [_lua_file(f"{operation}.lua")]
+        todo = [_lua_file(f"{operation}.lua")]
         while todo:  # a name in a comment or a string may add one more: harmless
             for name in set(_NAME.findall(todo.pop())) & where.keys():
                 if where[name] not in chosen:
