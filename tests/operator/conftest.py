@@ -15,3 +15,5 @@ def start_operator(kube_control_plane, kube_namespace, effectmq_crds, tmp_path):
     yield start
     for op in started:
         op.stop()
+        # pytest shows a teardown's output only when the test failed: what the operator did
+        print(f"--- the end of {op.log_path.name} ---\n{op.log()}")
