@@ -244,13 +244,15 @@ class ScriptRunner:
             return replies
 
     async def _load(self, operation: str, replies: list) -> None:
-        """Load the library, or the script when Redis has no functions for us (then for good)."""
+        """Load the library, or the script when Redis has no functions for us (then for good).
+        A full Redis refuses FUNCTION LOAD (it may grow memory) but not SCRIPT LOAD: the
+        work in flight then renews and settles by SHA, as FIRST_WRITE_FREES lets it."""
         if self.functions and not any(_functions_refused(r) for r in replies):
             try:
                 await self.client.function_load(library()[1], replace=True)
                 return
             except redis_errors.ResponseError as exc:
-                if not _functions_refused(exc):
+                if not (_functions_refused(exc) or isinstance(exc, redis_errors.OutOfMemoryError)):
                     raise
         self.functions = False
         await self.client.script_load(source(operation))

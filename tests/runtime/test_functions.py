@@ -69,3 +69,21 @@ async def test_without_functions_the_scripts_run_by_sha(make_redis):
 ])
 def test_which_replies_mean_redis_has_no_functions_for_us(reply, refused):
     assert scripts._functions_refused(redis_errors.ResponseError(reply)) is refused
+
+
+async def test_a_full_redis_that_lost_the_library_still_lets_work_in_flight_settle(make_queue):
+    """FUNCTION LOAD is refused while Redis is full (it may grow memory): the attempt in
+    flight settles by SHA instead, as it would have before the library (FIRST_WRITE_FREES)."""
+    q = make_queue("functions-full")
+    await q.offer("job", {}, task_id="t1")
+    lease = await q.acquire()
+    await q.redis.function_flush()  # as after a restart without persistence
+    await q.redis.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(effectmq.RedisUnavailable, match="OOM"):
+            await q.offer("job", {})  # refused, as offers are while Redis is full
+        await lease.complete("done")
+    finally:
+        await q.redis.config_set("maxmemory", 0)
+    assert (await q.stats()).completed == 1 and (await q.get("t1")).result == "done"
+    assert q._scripts.functions is False  # by SHA from then on, in this client
