@@ -16,7 +16,7 @@ import hashlib
 import re
 from functools import cache
 from importlib import resources
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, NamedTuple, Sequence, TypeVar
 
 import redis
 import redis.exceptions as redis_errors
@@ -47,16 +47,23 @@ def _lua_file(name: str) -> str:
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+class Definition(NamedTuple):
+    """One top-level definition of lib.lua."""
+
+    names: frozenset[str]  # the local names it defines
+    text: str  # the comment lines above it included
+    function: bool  # a `local function ... end`; else a one-line `local` statement, its last line
+
+
 @cache
-def lib_definitions() -> tuple[tuple[frozenset[str], str], ...]:
-    """lib.lua's top-level definitions in order: the names each defines, and its text
-    (the comment lines above it included). lib.lua is written so that this split is
+def lib_definitions() -> tuple[Definition, ...]:
+    """lib.lua's top-level definitions in order. lib.lua is written so that this split is
     exact: after its header comment, every statement is one line that starts with
     `local`, or a `local function` up to the `end` at the start of a line; anything
     else raises, so an edit that breaks the rule is found on the first call."""
     lib = _lua_file("lib.lua")
     body = lib[lib.index("]]") + 2:] if lib.startswith("--[[") else lib
-    definitions: list[tuple[frozenset[str], list[str]]] = []
+    definitions: list[tuple[frozenset[str], list[str], bool]] = []
     comments: list[str] = []
     in_function = False  # until the `end` at the start of a line
     for line in body.split("\n"):
@@ -67,14 +74,14 @@ def lib_definitions() -> tuple[tuple[frozenset[str], str], ...]:
             head = line[len("local "):].split("--")[0]
             function = re.match(r"function ([A-Za-z_]\w*)", head)
             names = [function.group(1)] if function else [n.strip() for n in head.split("=")[0].split(",")]
-            definitions.append((frozenset(names), comments + [line]))
-            comments = []
             in_function = bool(function)
+            definitions.append((frozenset(names), comments + [line], in_function))
+            comments = []
         elif line.startswith("--") or not line.strip():
             comments.append(line)
         else:
             raise ValueError(f"lib.lua: a top-level line that is not a local definition: {line!r}")
-    return tuple((names, "\n".join(lines)) for names, lines in definitions)
+    return tuple(Definition(names, "\n".join(lines), function) for names, lines, function in definitions)
 
 
 @cache
@@ -88,14 +95,14 @@ def prelude(operation: str | None = None) -> str:
     if operation is None:
         chosen.update(range(len(definitions)))
     else:
-        where = {name: i for i, (names, _) in enumerate(definitions) for name in names}
+        where = {name: i for i, d in enumerate(definitions) for name in d.names}
         todo = [_lua_file(f"{operation}.lua")]
         while todo:  # a name in a comment or a string may add one more: harmless
             for name in set(_NAME.findall(todo.pop())) & where.keys():
                 if where[name] not in chosen:
                     chosen.add(where[name])
-                    todo.append(definitions[where[name]][1])
-    return lua_defaults() + "\n".join(definitions[i][1] for i in sorted(chosen)) + "\n"
+                    todo.append(definitions[where[name]].text)
+    return lua_defaults() + "\n".join(definitions[i].text for i in sorted(chosen)) + "\n"
 
 
 @cache
@@ -125,15 +132,13 @@ def library() -> tuple[str, str]:
     sees another's. The name carries a hash of the source: versions side by side in a
     rolling upgrade each call their own."""
     definitions = lib_definitions()
-    functions = [text for _, text in definitions if _defines_function(text)]
-    values = [(names, text) for names, text in definitions if not _defines_function(text)]
-    declared = sorted({name for names, _ in values for name in names} | {"KEYS", "ARGV"})
+    values = [d for d in definitions if not d.function]
+    declared = sorted({name for d in values for name in d.names} | {"KEYS", "ARGV"})
     assignments = []
-    for names, text in values:
-        code = next(line for line in text.split("\n") if line.startswith("local "))[len("local "):]
-        head = code.split("--")[0]
-        assignments.append("  " + (code if "=" in head else ", ".join(sorted(names)) + " = nil"))
-    parts = ["local " + ", ".join(declared), lua_defaults(), *functions,
+    for d in values:
+        code = d.text.rsplit("\n", 1)[-1][len("local "):]
+        assignments.append("  " + (code if "=" in code.split("--")[0] else ", ".join(sorted(d.names)) + " = nil"))
+    parts = ["local " + ", ".join(declared), lua_defaults(), *(d.text for d in definitions if d.function),
              "local function begin(keys, args)\n  KEYS, ARGV = keys, args\n" + "\n".join(assignments) + "\nend"]
     body = "\n".join(parts) + "\n"
     name = "effectmq_" + hashlib.sha1(body.encode()).hexdigest()[:16]
@@ -142,10 +147,6 @@ def library() -> tuple[str, str]:
         body += (f"redis.register_function{{function_name = '{function_name(operation, name)}', flags = {{{flags}}},"
                  f" callback = function(keys, args)\nbegin(keys, args)\n{_lua_file(f'{operation}.lua')}\nend}}\n")
     return name, f"#!lua name={name}\n" + body
-
-
-def _defines_function(text: str) -> bool:
-    return any(line.startswith("local function ") for line in text.split("\n"))
 
 
 def function_name(operation: str, library_name: str | None = None) -> str:

@@ -89,9 +89,6 @@ class SyncTaskQueue:
     def ping(self) -> None:
         self._run(self._queue.ping())
 
-    def check_writes(self) -> None:
-        self._run(self._queue.check_writes())
-
     def close(self) -> None:
         if self._loop.is_running():
             self._run(self._queue.close())

@@ -73,6 +73,7 @@ FIGURES = frozenset({"backlog", "oldestWaitingSeconds"})
 FIGURES_EVERY = 60.0
 
 
+NOT_CHECKED = "NotChecked"  # the reason of a check that could not be made (status Unknown)
 IN_PROGRESS = frozenset({"RollingOut", "DeploymentMissing"})  # not Ready yet, but nothing to warn about
 
 
@@ -154,18 +155,18 @@ def plan(facts: QueueFacts, *, generation: int | None, previous: Mapping[str, An
     problem = facts.spec_problem
     checks: list[Check] = []
     if problem is not None:
-        checks = [Check("RedisReachable", "Unknown", "NotChecked", "the spec is invalid"),
-                  Check("AcceptingTasks", "Unknown", "NotChecked", "the spec is invalid"),
-                  Check("WorkersDeployed", "Unknown", "NotChecked", "the spec is invalid")]
+        checks = [Check("RedisReachable", "Unknown", NOT_CHECKED, "the spec is invalid"),
+                  Check("AcceptingTasks", "Unknown", NOT_CHECKED, "the spec is invalid"),
+                  Check("WorkersDeployed", "Unknown", NOT_CHECKED, "the spec is invalid")]
     else:
         if facts.redis_problem is not None:
             checks.append(Check.of("RedisReachable", False, facts.redis_problem.reason, facts.redis_problem.message))
-            checks.append(Check("AcceptingTasks", "Unknown", "NotChecked", "Redis is not reachable"))
+            checks.append(Check("AcceptingTasks", "Unknown", NOT_CHECKED, "Redis is not reachable"))
             problem = facts.redis_problem
         else:
             checks.append(Check.of("RedisReachable", True, "Connected", "queue settings written to Redis"))
             p = facts.write_problem
-            if p is not None and p.reason == "NotChecked":  # an ACL that forbids the probe
+            if p is not None and p.reason == NOT_CHECKED:  # an ACL that forbids the probe
                 checks.append(Check("AcceptingTasks", "Unknown", p.reason, p.message))
             elif p is not None:
                 checks.append(Check.of("AcceptingTasks", False, p.reason, p.message))

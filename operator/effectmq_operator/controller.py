@@ -240,7 +240,7 @@ class QueueController:
                                                                   self.redis_deadline)
             write_problem = self._write_problem(refusal, target)
             accepting = metrics.ACCEPTING_TASKS.labels(f"{key[0]}/{key[1]}")
-            if write_problem is None or write_problem.reason != "NotChecked":
+            if write_problem is None or write_problem.reason != control.NOT_CHECKED:
                 accepting.set(0 if write_problem else 1)
             return stats, workers, None, write_problem
         except asyncio.CancelledError:
@@ -255,7 +255,7 @@ class QueueController:
             return None
         message = self.connections.problem(refusal, target).message.rstrip(". ")
         if isinstance(refusal, effectmq.RedisRefused):  # an ACL without SET: the probe cannot tell
-            return Problem("NotChecked", f"the write probe was refused: {message}")
+            return Problem(control.NOT_CHECKED, f"the write probe was refused: {message}")
         return Problem("RedisRefusesWrites", f"offers are refused: {message}; workers still settle the tasks they hold")
 
     async def _poll(self, key: Key, target: RedisTarget, spec: QueueSpec):

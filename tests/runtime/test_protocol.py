@@ -289,8 +289,8 @@ def _code_lines(text: str) -> list[str]:
 def test_lib_lua_splits_into_its_definitions_without_losing_a_line():
     lib = read("lib")
     definitions = scripts.lib_definitions()
-    assert _code_lines(lib[lib.index("]]") + 2:]) == [line for _, text in definitions for line in _code_lines(text)]
-    names = [name for defined, _ in definitions for name in defined]
+    assert _code_lines(lib[lib.index("]]") + 2:]) == [line for d in definitions for line in _code_lines(d.text)]
+    names = [name for d in definitions for name in d.names]
     assert len(names) == len(set(names)), "a name of lib.lua is defined twice"
     assert {"now_ms", "complete_each", "K_PEEKED", "resend_text"} <= set(names)
 
@@ -311,7 +311,7 @@ def test_each_script_defines_every_lib_helper_it_names(operation):
     own = read(operation)
     assert source.endswith(own)
     head = source[:-len(own)]
-    lib_names = {name for defined, _ in scripts.lib_definitions() for name in defined}
+    lib_names = {name for d in scripts.lib_definitions() for name in d.names}
     used = set(re.findall(r"[A-Za-z_]\w*", source)) & lib_names
     defined = {name for name in lib_names
                if re.search(rf"^local (function {name}\b|[\w, ]*\b{name}\b)", head, re.M)}
