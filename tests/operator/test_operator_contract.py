@@ -203,7 +203,8 @@ def test_one_stalled_redis_does_not_delay_another_queue(kube_control_plane, kube
     plane, ns = kube_control_plane, kube_namespace
     stalled = make_redis()
     start_operator()
-    apply(plane, ns, queue_manifest("slow", stalled.url, scaling=FAST))
+    # Its ticks must not scale it up: a worker pod stays Pending here, and Ready would never come.
+    apply(plane, ns, queue_manifest("slow", stalled.url, scaling={**FAST, "activationTasks": 1_000_000}))
     plane.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump({
         "apiVersion": "effectmq.io/v1alpha1", "kind": "Schedule", "metadata": {"name": "slow-ticks"},
         "spec": {"queueRef": {"name": "slow"}, "schedule": "* * * * * *", "task": {"name": "send_report"}}}))
@@ -222,9 +223,7 @@ def test_one_stalled_redis_does_not_delay_another_queue(kube_control_plane, kube
                  what="the stalled Redis reported")
     finally:
         stalled.proc.send_signal(signal.SIGCONT)
-    # Healed: Redis answers again (its ticks then scale it up; pods stay Pending here, so not Ready).
-    wait_for(lambda: condition(get(plane, ns, "queue", "slow"), "RedisReachable")["status"] == "True", timeout=40,
-             what="slow Queue reaches its Redis again")
+    wait_for(lambda: is_ready(plane, ns, "queue", "slow"), timeout=40, what="slow Queue Ready again once healed")
 
 
 def test_a_schedule_deleted_while_the_operator_is_down_never_fires(kube_control_plane, kube_namespace,
