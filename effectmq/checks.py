@@ -4,7 +4,7 @@ protocol, and the Redis a worker is given."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping
 
 from .errors import InvalidOption
 
@@ -30,3 +30,47 @@ def eviction_warning(policy: str | None) -> str | None:
         return None
     return (f"Redis evicts keys when full (maxmemory-policy {policy}): an evicted task is lost work; "
             "set maxmemory-policy noeviction")
+
+
+NEARLY_FULL = 0.9  # of maxmemory: worth saying before offers start failing
+
+
+def human_bytes(n: int) -> str:
+    """1,536 -> '1.5 KiB' (as Redis's own *_human fields, one decimal)."""
+    if abs(n) < 1024:
+        return f"{n} B"
+    size = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        size /= 1024
+        if abs(size) < 1024 or unit == "GiB":
+            break
+    return f"{size:,.1f} {unit}"
+
+
+def redis_write_notes(info: Mapping[str, Any]) -> list[str]:
+    """What to tell whoever watches the queues about Redis taking new tasks, from INFO's
+    memory, persistence and replication fields (read-only: nothing is written to find
+    out). A full Redis under noeviction refuses offers (OOM) while reads, settlements
+    and maintenance still go through; an evicting one loses tasks instead. A failed RDB
+    save refuses writes (MISCONF) unless stop-writes-on-bgsave-error is off, which INFO
+    does not say; too few replicas (NOREPLICAS) it does not say either."""
+    notes = []
+    if info.get("role") == "slave" and str(info.get("slave_read_only")) == "1":
+        notes.append("this Redis is a read-only replica: it refuses new tasks (point the URL at the primary)")
+    maxmemory = int(info.get("maxmemory") or 0)
+    if maxmemory > 0:
+        used = int(info.get("used_memory") or 0) - int(info.get("mem_not_counted_for_evict") or 0)
+        policy = str(info.get("maxmemory_policy") or "")
+        shown = f"{human_bytes(used)} used of maxmemory {human_bytes(maxmemory)}"
+        if policy == "noeviction" and used > maxmemory:
+            notes.append(f"Redis is full ({shown}, maxmemory-policy noeviction): it refuses new tasks; "
+                         "workers still settle the tasks they hold")
+        elif policy == "noeviction" and used >= NEARLY_FULL * maxmemory:
+            notes.append(f"Redis is nearly full ({shown}): when full it refuses new tasks")
+    warning = eviction_warning(str(info["maxmemory_policy"])) if info.get("maxmemory_policy") else None
+    if warning:
+        notes.append(warning)
+    if info.get("rdb_last_bgsave_status") == "err":
+        notes.append("Redis's last RDB save failed: while stop-writes-on-bgsave-error is on (the default) "
+                     "it refuses new tasks until a save succeeds")
+    return notes

@@ -581,8 +581,17 @@ class WorkersArgs(ScriptArgs[WorkersReply]):
         return [self.name, self.in_flight, self.concurrency, self.ttl_ms]
 
 
+@dataclass(frozen=True)
+class LiveWorkersArgs(ScriptArgs[WorkersReply]):
+    operation = "live_workers"
+    Reply = WorkersReply
+
+    def argv(self) -> list:
+        return []
+
+
 # Every script, by operation (its file is lua/<operation>.lua).
 SCRIPTS: dict[str, type[ScriptArgs]] = {cls.operation: cls for cls in (
     OfferArgs, AcquireArgs, RenewArgs, CompleteArgs, FailArgs, ReleaseArgs, ProgressArgs,
-    CancelArgs, RetryArgs, MaintainArgs, StatsArgs, ConfigureArgs, WorkersArgs,
+    CancelArgs, RetryArgs, MaintainArgs, StatsArgs, ConfigureArgs, WorkersArgs, LiveWorkersArgs,
 )}

@@ -470,7 +470,7 @@ class TaskQueue(OwnsConnection):
 
     async def workers(self) -> dict[str, tuple[int, int]]:
         """Live workers of this queue: name -> (in_flight, concurrency)."""
-        reply = await self._scripts.run(protocol.WorkersArgs("", 0, 0, 0))
+        reply = await self._scripts.run(protocol.LiveWorkersArgs())
         return {w.name: (w.in_flight, w.concurrency) for w in reply.workers}
 
     async def ping(self) -> None:

@@ -119,6 +119,9 @@ def sha(operation: str) -> str:
 # grow memory. Every other one frees first or writes nothing (lib.lua, FIRST_WRITE_FREES),
 # and as a function it says so with allow-oom; Redis refuses the rest before they run.
 REFUSED_WHEN_FULL = frozenset({"offer", "progress"})
+# The scripts that write nothing: as functions (no-writes) they run on a read-only replica
+# too, as an EVAL that writes nothing does (the dashboard and `effectmq stats` may read there).
+READ_ONLY = frozenset({"stats", "live_workers"})
 
 
 @cache
@@ -143,7 +146,7 @@ def library() -> tuple[str, str]:
     body = "\n".join(parts) + "\n"
     name = "effectmq_" + hashlib.sha1(body.encode()).hexdigest()[:16]
     for operation in OPERATIONS:
-        flags = "" if operation in REFUSED_WHEN_FULL else "'allow-oom'"
+        flags = "'no-writes'" if operation in READ_ONLY else "" if operation in REFUSED_WHEN_FULL else "'allow-oom'"
         body += (f"redis.register_function{{function_name = '{function_name(operation, name)}', flags = {{{flags}}},"
                  f" callback = function(keys, args)\nbegin(keys, args)\n{_lua_file(f'{operation}.lua')}\nend}}\n")
     return name, f"#!lua name={name}\n" + body

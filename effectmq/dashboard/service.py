@@ -13,6 +13,9 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
+from redis.asyncio.cluster import RedisCluster
+
+from ..checks import redis_write_notes
 from ..connection import RedisErrors, connect
 from ..errors import EffectMQError
 from ..keys import check_queue_name
@@ -114,6 +117,23 @@ class DashboardService:
     async def ping(self) -> None:
         with self._redis_errors:
             await self.redis.ping()
+
+    async def redis_notes(self) -> list[str]:
+        """What Redis's INFO says about it taking new tasks (checks.redis_write_notes), for
+        every primary of a cluster. None when INFO is refused (an ACL, a managed service)
+        or does not come: the page's own reads report a Redis that does not answer."""
+        sections = ("memory", "persistence", "replication")  # one each: 6.2 takes one per INFO
+        try:
+            if isinstance(self.redis, RedisCluster):
+                replies = await asyncio.gather(*(self.redis.info(s, target_nodes=RedisCluster.PRIMARIES)
+                                                 for s in sections))
+                nodes = sorted(replies[0])
+                return [f"{node}: {note}" for node in nodes
+                        for note in redis_write_notes({k: v for r in replies for k, v in r.get(node, {}).items()})]
+            replies = await asyncio.gather(*(self.redis.info(s) for s in sections))
+        except Exception:  # noqa: BLE001 - nothing to tell; the queues' reads say what is wrong
+            return []
+        return redis_write_notes({k: v for r in replies for k, v in r.items()})
 
     async def summary(self, name: str) -> dict:
         q = self.queue(name)

@@ -7,6 +7,7 @@ actions to it. Handlers parse the request, call `DashboardService`, and render.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
@@ -126,23 +127,25 @@ async def safety(request: web.Request, handler: Handler) -> web.StreamResponse:
 # -- pages and their JSON twins --------------------------------------------------------
 
 async def overview(request: web.Request) -> web.Response:
-    queues = await request.app[SERVICE].overview()
+    service = request.app[SERVICE]
+    queues, notes = await asyncio.gather(service.overview(), service.redis_notes())
     if _wants_json(request):
-        return _json({"queues": queues})
-    return _page(request, "overview.html", queues=queues, api="/api/queues")
+        return _json({"queues": queues, "redis": {"notes": notes}})
+    return _page(request, "overview.html", queues=queues, redis_notes=notes, api="/api/queues")
 
 
 async def queue_page(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     name = request.match_info["queue"]
     state, offset, limit, search = views.parse_listing(request.query)
-    listing = await service.tasks(name, state, offset, limit, search)
+    listing, notes = await asyncio.gather(service.tasks(name, state, offset, limit, search), service.redis_notes())
     page = listing.pop("_page")
     listing["schedules"] = await service.schedules(queue=name)
+    listing["redis"] = {"notes": notes}
     if _wants_json(request):
         return _json(listing)
     api = f"/api/queues/{quote(name, safe='')}?{request.query_string}"
-    return _page(request, "queue.html", pager=page, api=api, **listing)
+    return _page(request, "queue.html", pager=page, api=api, redis_notes=notes, **listing)
 
 
 async def tasks_api(request: web.Request) -> web.Response:

@@ -1,11 +1,12 @@
---[[ workers: record this worker's load, and list the live workers of the queue.
+--[[ workers: record this worker's load, and list the live workers of the queue (dropping
+the entries past their expiry; live_workers.lua only lists).
 KEYS: the queue keys of lib.lua.
-ARGV[1] name         empty: only list
+ARGV[1] name         empty: only list (as versions before live_workers.lua did)
 ARGV[2] in_flight    -1: the worker is leaving
 ARGV[3] concurrency
 ARGV[4] ttl_ms       how long the entry stays live without news
 Returns: {workers...}  the live workers. Entries past their expiry are removed (the hash
-  holds one entry per worker process).
+  holds one entry per worker process, so a listing that leaves them loses nothing).
 workers...: 3 values each: name, in_flight, concurrency
 ]]
 local now = now_ms()
@@ -16,16 +17,4 @@ if ARGV[1] ~= '' then
     redis.call('HSET', K_WORKERS, ARGV[1], ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. (now + tonumber(ARGV[4])))
   end
 end
-local out = {}
-local all = redis.call('HGETALL', K_WORKERS)
-for i = 1, #all, 2 do
-  local in_flight, concurrency, expires = string.match(all[i + 1], '(%S+) (%S+) (%S+)')
-  if tonumber(expires) < now then
-    redis.call('HDEL', K_WORKERS, all[i])
-  else
-    out[#out + 1] = all[i]
-    out[#out + 1] = tonumber(in_flight)
-    out[#out + 1] = tonumber(concurrency)
-  end
-end
-return out
+return live_workers(now, true)

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 
 from effectmq import TaskQueue
 from effectmq.dashboard.discovery import discover_queues
+from tests.fixtures.redis import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -91,3 +92,62 @@ async def test_names_and_ids_are_escaped_and_encoded(redis_url, start_dashboard,
     await page.wait_for_timeout(2300)
     assert await page.locator("img, i, b, main script:not([type=\"application/json\"])").count() == 0
     assert dialogs == []
+
+
+async def test_a_redis_that_refuses_new_tasks_is_named_on_every_refresh(make_redis, start_dashboard):
+    """Was: with Redis full (maxmemory, noeviction) every offer failed with OOM while the
+    dashboard showed the queues as if all were well."""
+    server = make_redis()
+    admin = server.client()
+    async with TaskQueue("shop/orders", url=server.url) as q:
+        await q.offer("job", {}, task_id="t1")
+    dash = await start_dashboard(server.url)
+
+    async def notes(path: str = "/api/queues") -> list[str]:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(dash.url(path)) as r:
+                assert r.status == 200, await r.text()
+                return (await r.json())["redis"]["notes"]
+
+    assert await notes() == []
+    admin.config_set("maxmemory", "1")
+    try:
+        (full,) = await notes()
+        assert "refuses new tasks" in full and "maxmemory" in full and "noeviction" in full, full
+        (on_queue_page,) = await notes("/api/queues/shop%2Forders")  # the queue's page says so too
+        assert on_queue_page.startswith("Redis is full (")
+        async with aiohttp.ClientSession() as http:
+            async with http.get(dash.url("/")) as r:
+                assert "refuses new tasks" in await r.text()  # the first paint, before any refresh
+    finally:
+        admin.config_set("maxmemory", "0")
+    assert await notes() == []
+    admin.config_set("maxmemory-policy", "allkeys-lru")
+    (evicts,) = await notes()
+    assert "evicts keys" in evicts and "allkeys-lru" in evicts
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # never reachable: the data stays
+    try:
+        (replica,) = await notes()
+        assert "read-only replica" in replica, replica
+    finally:
+        admin.execute_command("REPLICAOF", "NO", "ONE")
+    assert await notes() == []
+
+
+async def test_on_a_cluster_the_primary_that_refuses_new_tasks_is_named(redis_cluster, start_dashboard):
+    url = redis_cluster.url()
+    async with TaskQueue("shop/orders", url=url) as q:
+        await q.offer("job", {}, task_id="t1")
+    dash = await start_dashboard(url)
+    full = redis_cluster.masters()[1]
+    full.client().config_set("maxmemory", "1")
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(dash.url("/api/queues")) as r:
+                body = await r.json()
+        (note,) = body["redis"]["notes"]
+        assert note.startswith(f"127.0.0.1:{full.port}: Redis is full ("), note
+        assert [q["name"] for q in body["queues"]] == ["shop/orders"]
+    finally:
+        full.client().config_set("maxmemory", "0")

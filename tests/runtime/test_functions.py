@@ -11,6 +11,7 @@ import redis.exceptions as redis_errors
 import effectmq
 from effectmq import scripts
 from effectmq.protocol import SCRIPTS
+from tests.fixtures.redis import free_port
 
 
 def test_the_library_registers_every_operation_and_resets_every_definition_per_call():
@@ -19,8 +20,11 @@ def test_the_library_registers_every_operation_and_resets_every_definition_per_c
     registered = re.findall(r"function_name = '(\w+)', flags = \{([^}]*)\}", source)
     assert {fn for fn, _ in registered} == {scripts.function_name(op) for op in SCRIPTS}
     # Only the scripts a full Redis must refuse lack allow-oom (lib.lua, FIRST_WRITE_FREES).
-    refused = {fn for fn, flags in registered if "allow-oom" not in flags}
+    refused = {fn for fn, flags in registered if "allow-oom" not in flags and "no-writes" not in flags}
     assert refused == {scripts.function_name(op) for op in ("offer", "progress")}
+    # Those that write nothing say so, or a read-only replica refuses them (FCALL is a write).
+    assert {fn for fn, flags in registered if "no-writes" in flags} == \
+        {scripts.function_name(op) for op in ("stats", "live_workers")}
     begin = source[source.index("local function begin("):source.index("\nend\n", source.index("local function begin("))]
     for d in scripts.lib_definitions():
         if not any(line.startswith("local function ") for line in d.text.splitlines()):
@@ -87,3 +91,24 @@ async def test_a_full_redis_that_lost_the_library_still_lets_work_in_flight_sett
         await q.redis.config_set("maxmemory", 0)
     assert (await q.stats()).completed == 1 and (await q.get("t1")).result == "done"
     assert q._scripts.functions is False  # by SHA from then on, in this client
+
+
+async def test_a_read_only_replica_answers_the_reads(make_redis):
+    """Was: pointed at a replica (a read-only dashboard, `effectmq stats`), stats() and
+    workers() failed with READONLY: a function without the no-writes flag is a write to
+    a replica, where the same scripts by EVALSHA had run."""
+    server = make_redis()
+    admin = server.client()
+    async with effectmq.TaskQueue("replica-reads", url=server.url) as q:
+        await q.offer("job", {}, task_id="t1")
+        await q.worker_beat("w1", 0, 4, 60)
+    admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # never reachable: the data stays
+    try:
+        async with effectmq.TaskQueue("replica-reads", url=server.url) as q:
+            assert (await q.stats()).waiting == 1
+            assert await q.workers() == {"w1": (0, 4)}
+            assert q._scripts.functions is True
+            with pytest.raises(effectmq.RedisUnavailable, match="READONLY"):
+                await q.offer("job", {})  # a write still is one
+    finally:
+        admin.execute_command("REPLICAOF", "NO", "ONE")

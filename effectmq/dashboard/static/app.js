@@ -49,6 +49,13 @@
     document.getElementById("live")?.classList.toggle("down", Boolean(text));
   }
 
+  function renderNotes(notes) { // what Redis's INFO says about it taking new tasks
+    const el = document.getElementById("redis-notes");
+    if (!el) return;
+    el.replaceChildren(...notes.map((note) => h("li", { text: note })));
+    el.hidden = notes.length === 0;
+  }
+
   let toastTimer = null;
   function toast(text, kind) {
     const el = document.getElementById("toast");
@@ -293,6 +300,7 @@
       }
       banner(null);
       RENDER[PAGE](data);
+      if (data.redis) renderNotes(data.redis.notes);
     } catch (err) {
       banner("Dashboard unreachable — retrying…");
     }
