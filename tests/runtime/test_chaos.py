@@ -35,6 +35,10 @@ Also: the producer never saw created=False for an id it had not sent before
 would be), drained workers exit 0, and after the chaos fresh long tasks (needing renewals) complete on
 their first attempt on the surviving workers, each of which is announced live.
 
+A rolling upgrade, by hand: EFFECTMQ_CHAOS_OLD_TREE=<folder holding another version's
+effectmq/> (`git archive <rev> effectmq | tar -x -C <folder>`) runs the odd worker slots
+on that version, so old and new workers share the queue through every fault.
+
 The seed is random; EFFECTMQ_CHAOS_SEED=<seed> replays the same fault schedule and
 task mix (process timing differs, so a replay is likely, not certain, to hit the
 same interleaving). The seed is printed first and starts every assertion message.
@@ -180,10 +184,14 @@ class Slot:
 
     def spawn(self) -> WorkerProcess:
         self.generation += 1
+        env = {"EFFECTMQ_WORKER_NAME": self.worker_name, "EFFECTMQ_LOG_LEVEL": "INFO", "PYTHONFAULTHANDLER": "1"}
+        old_tree = os.environ.get("EFFECTMQ_CHAOS_OLD_TREE")
+        if old_tree and self.index % 2:  # its effectmq first; the handlers are this checkout's
+            env["PYTHONPATH"] = os.pathsep.join([old_tree, str(Path(__file__).resolve().parents[2])])
+            env["PYTHONSAFEPATH"] = "1"  # python -m would put the cwd (this checkout) first
         self.worker = WorkerProcess(
             self.proxy.url, QUEUE, self.tmp, args=WORKER_ARGS, name=f"chaos-{self.name}-g{self.generation}",
-            handlers="tests.support.chaos_handlers:app",
-            env={"EFFECTMQ_WORKER_NAME": self.worker_name, "EFFECTMQ_LOG_LEVEL": "INFO", "PYTHONFAULTHANDLER": "1"})
+            handlers="tests.support.chaos_handlers:app", env=env)
         self.expect_exit = False
         return self.worker
 
