@@ -12,7 +12,9 @@ hashes of its `task_ids()` (lib.lua).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import re
 from functools import cache
 from importlib import resources
@@ -24,6 +26,8 @@ from redis.asyncio.connection import Connection
 
 from .connection import TRANSPORT_ERRORS, RedisErrors
 from .protocol import SCRIPTS, ScriptArgs, lua_defaults
+
+log = logging.getLogger("effectmq")
 
 _pack: Callable[..., bytes] | None
 try:  # hiredis packs commands in C; redis-py's own packer is the fallback
@@ -152,6 +156,36 @@ def library() -> tuple[str, str]:
     return name, f"#!lua name={name}\n" + body
 
 
+# Every version loads its own library (library()), once per Redis, and nothing unloads
+# the old ones: each would stay for good (about 170 kB of Redis memory, and its source in
+# every RDB and AOF). A client that loads its library after an upgrade records it here
+# (library name -> Redis time of its last load, ms) and deletes those not loaded for
+# STALE_LIBRARY_MS. One still in use is loaded again at its next call ("Function not
+# found"), at the cost of that one load.
+LIBRARIES_KEY = "effectmq:libraries"
+STALE_LIBRARY_MS = 7 * 86_400_000
+
+
+class LibraryCleanup(NamedTuple):
+    delete: list[str]  # libraries to delete (and drop from the record)
+    record: list[str]  # libraries first seen now: recorded as loaded now
+    forget: list[str]  # recorded libraries that Redis no longer has
+
+
+def stale_libraries(listed: set[str], recorded: dict[str, str], loaded: str, now_ms: int) -> LibraryCleanup:
+    """What to do with the effectmq libraries Redis holds (`listed`) after loading `loaded`.
+    One without a record (loaded by a version before the record existed) is recorded now,
+    so it too is deleted only a week after nobody loaded it."""
+    delete, record = [], []
+    for name in sorted(listed - {loaded}):
+        seen = recorded.get(name)
+        if seen is None or not seen.isdigit():
+            record.append(name)
+        elif now_ms - int(seen) > STALE_LIBRARY_MS:
+            delete.append(name)
+    return LibraryCleanup(delete, record, sorted(set(recorded) - listed - {loaded}))
+
+
 def function_name(operation: str, library_name: str | None = None) -> str:
     return f"{library_name or library()[0]}_{operation}"
 
@@ -254,12 +288,46 @@ class ScriptRunner:
         if self.functions and not any(_functions_refused(r) for r in replies):
             try:
                 await self.client.function_load(library()[1], replace=True)
-                return
             except redis_errors.ResponseError as exc:
                 if not (_functions_refused(exc) or isinstance(exc, redis_errors.OutOfMemoryError)):
                     raise
+            else:
+                await self._unload_stale_libraries()
+                return
         self.functions = False
         await self.client.script_load(source(operation))
+
+    async def _unload_stale_libraries(self) -> None:
+        """After this client loaded its library: record it, delete the stale ones
+        (stale_libraries). Best effort: a refusal (an ACL, a full Redis) leaves them."""
+        from .routing import server_time_ms  # routing builds on this module
+
+        loaded = library()[0]
+        try:
+            now = await server_time_ms(self.client, LIBRARIES_KEY)
+            await self.client.hset(LIBRARIES_KEY, loaded, str(now))
+            replies = await self.client.function_list(library="effectmq_*")
+            per_node = replies.values() if isinstance(replies, dict) else [replies]  # a cluster: per primary
+            listed = {name for reply in per_node for lib in reply if (name := library_name_of(lib))}
+            plan = stale_libraries(listed, await self.client.hgetall(LIBRARIES_KEY), loaded, now)
+            for name in plan.delete:
+                with contextlib.suppress(redis_errors.ResponseError):  # gone already (another client)
+                    await self.client.function_delete(name)
+            if plan.record:
+                await self.client.hset(LIBRARIES_KEY, mapping={name: str(now) for name in plan.record})
+            if plan.delete or plan.forget:
+                await self.client.hdel(LIBRARIES_KEY, *plan.delete, *plan.forget)
+        except (redis_errors.RedisError, *TRANSPORT_ERRORS) as exc:
+            log.info("old function libraries left in Redis: %s", type(exc).__name__)
+
+
+def library_name_of(entry: Any) -> str | None:
+    """The name in one FUNCTION LIST entry (a flat list under RESP2, a dict under RESP3)."""
+    if isinstance(entry, dict):
+        return entry.get("library_name")
+    if isinstance(entry, list) and "library_name" in entry:
+        return entry[entry.index("library_name") + 1]
+    return None
 
 
 def _not_loaded(reply: Any) -> bool:

@@ -112,3 +112,47 @@ async def test_a_read_only_replica_answers_the_reads(make_redis):
                 await q.offer("job", {})  # a write still is one
     finally:
         admin.execute_command("REPLICAOF", "NO", "ONE")
+
+
+def _fake_library(name: str) -> str:
+    return f"#!lua name={name}\nredis.register_function('{name}_noop', function() return 1 end)\n"
+
+
+DAY_MS = 86_400_000
+
+
+def test_a_library_nobody_loaded_for_a_week_is_deleted_and_one_never_recorded_is_recorded():
+    now = 100 * DAY_MS
+    plan = scripts.stale_libraries(
+        listed={"effectmq_ours", "effectmq_week_old", "effectmq_day_old", "effectmq_unrecorded"},
+        recorded={"effectmq_week_old": str(now - 8 * DAY_MS), "effectmq_day_old": str(now - DAY_MS),
+                  "effectmq_gone": str(now - DAY_MS), "effectmq_ours": str(now - 30 * DAY_MS)},
+        loaded="effectmq_ours", now_ms=now)
+    assert plan == scripts.LibraryCleanup(delete=["effectmq_week_old"], record=["effectmq_unrecorded"],
+                                          forget=["effectmq_gone"])
+
+
+async def test_loading_the_library_unloads_the_versions_nobody_loaded_for_a_week(make_redis):
+    """Was: every version's library stayed in Redis for good (about 170 kB each, and in
+    every RDB and AOF), one more per upgrade."""
+    server = make_redis()
+    admin = server.client()
+    now = int(admin.time()[0]) * 1000
+    for name in ("effectmq_00000000000000aa", "effectmq_00000000000000bb", "effectmq_00000000000000cc"):
+        admin.function_load(_fake_library(name))
+    admin.function_load(_fake_library("other_library"))  # not ours: never touched
+    admin.hset(scripts.LIBRARIES_KEY, mapping={"effectmq_00000000000000aa": now - 8 * DAY_MS,
+                                               "effectmq_00000000000000bb": now - DAY_MS})
+    async with effectmq.TaskQueue("unload-stale", url=server.url) as q:
+        await q.offer("job", {})  # 'Function not found': this version's library is loaded
+    names = {scripts.library_name_of(lib) for lib in admin.function_list()}
+    ours = scripts.library()[0]
+    assert names == {ours, "effectmq_00000000000000bb", "effectmq_00000000000000cc", "other_library"}
+    recorded = admin.hgetall(scripts.LIBRARIES_KEY)
+    assert set(recorded) == {ours, "effectmq_00000000000000bb", "effectmq_00000000000000cc"}
+    assert abs(int(recorded[ours]) - now) < 60_000 and recorded["effectmq_00000000000000cc"] == recorded[ours]
+    # A version still in use whose library was deleted loads it again at its next call.
+    admin.function_delete(ours)
+    async with effectmq.TaskQueue("unload-stale", url=server.url) as q:
+        await q.offer("job", {})
+        assert (await q.stats()).waiting == 2

@@ -14,6 +14,7 @@ import pytest
 from redis.asyncio import RedisCluster
 
 import effectmq
+from effectmq import scripts
 from effectmq.connection import connect
 from effectmq.errors import InvalidOption, RedisUnavailable
 from effectmq.keys import QueueKeys
@@ -402,3 +403,15 @@ async def test_scripts_are_loaded_again_after_a_script_flush_on_every_master(red
             node.client().function_flush()
         await q.offer("work", {})  # 'Function not found': loaded, sent again
         assert (await q.stats()).waiting == 2
+
+
+async def test_a_stale_library_is_unloaded_from_every_master(redis_cluster):
+    stale = "effectmq_00000000000000aa"
+    masters = redis_cluster.masters()
+    for node in masters:
+        node.client().function_load(f"#!lua name={stale}\nredis.register_function('{stale}_noop', function() return 1 end)\n")
+    async with effectmq.TaskQueue(QUEUES[2], url=redis_cluster.url()) as q:
+        await q.redis.hset(scripts.LIBRARIES_KEY, stale, "0")  # loaded last at the epoch
+        await q.offer("work", {})  # this version's library is loaded: the stale one goes
+        for node in masters:
+            assert [scripts.library_name_of(lib) for lib in node.client().function_list()] == [scripts.library()[0]]
