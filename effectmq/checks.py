@@ -71,6 +71,15 @@ def redis_write_notes(info: Mapping[str, Any]) -> list[str]:
     if warning:
         notes.append(warning)
     if info.get("rdb_last_bgsave_status") == "err":
-        notes.append("Redis's last RDB save failed: while stop-writes-on-bgsave-error is on (the default) "
-                     "it refuses new tasks until a save succeeds")
+        # Refused only with save points and stop-writes-on-bgsave-error on (CONFIG, when it answers).
+        save, stop = info.get("config_save"), info.get("config_stop-writes-on-bgsave-error")
+        if save is None or stop is None:
+            notes.append("Redis's last RDB save failed: unless stop-writes-on-bgsave-error is off or no save "
+                         "points are set, it refuses new tasks (MISCONF) until a save succeeds")
+        elif save.strip() and stop == "yes":
+            notes.append("Redis's last RDB save failed: it refuses new tasks (MISCONF) until a save succeeds")
+        else:
+            notes.append("Redis's last RDB save failed (it still takes new tasks: its data is not being saved)")
+    if str(info.get("aof_enabled")) == "1" and info.get("aof_last_write_status") == "err":
+        notes.append("Redis could not write its AOF: it refuses new tasks (MISCONF) until a write succeeds")
     return notes

@@ -133,7 +133,12 @@ class DashboardService:
             replies = await asyncio.gather(*(self.redis.info(s) for s in sections))
         except Exception:  # noqa: BLE001 - nothing to tell; the queues' reads say what is wrong
             return []
-        return redis_write_notes({k: v for r in replies for k, v in r.items()})
+        info = {k: v for r in replies for k, v in r.items()}
+        if info.get("rdb_last_bgsave_status") == "err":  # refused only with these settings
+            with contextlib.suppress(Exception):  # managed services often disable CONFIG
+                for name in ("save", "stop-writes-on-bgsave-error"):
+                    info.update({f"config_{k}": v for k, v in (await self.redis.config_get(name)).items()})
+        return redis_write_notes(info)
 
     async def summary(self, name: str) -> dict:
         q = self.queue(name)

@@ -4,10 +4,12 @@ keeps lifecycle events written, and that user data is escaped in pages and links
 from __future__ import annotations
 
 import asyncio
+import shutil
 from urllib.parse import quote
 
 import aiohttp
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from effectmq import TaskQueue
@@ -133,6 +135,22 @@ async def test_a_redis_that_refuses_new_tasks_is_named_on_every_refresh(make_red
     finally:
         admin.execute_command("REPLICAOF", "NO", "ONE")
     assert await notes() == []
+    # An RDB save that fails (its folder is gone) refuses writes only with save points set.
+    shutil.rmtree(server.workdir)
+    admin.config_set("save", "3600 1")
+    admin.bgsave()
+    for _ in range(100):
+        if admin.info("persistence")["rdb_last_bgsave_status"] == "err":
+            break
+        await asyncio.sleep(0.05)
+    (misconf,) = await notes()
+    assert "refuses new tasks (MISCONF)" in misconf, misconf
+    with pytest.raises(redis.exceptions.ResponseError, match="MISCONF"):
+        admin.set("probe", "1")  # as Redis itself says
+    admin.config_set("save", "")
+    (unsaved,) = await notes()
+    assert "still takes new tasks" in unsaved, unsaved
+    admin.set("probe", "1")
 
 
 async def test_on_a_cluster_the_primary_that_refuses_new_tasks_is_named(redis_cluster, start_dashboard):

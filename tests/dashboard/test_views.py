@@ -149,3 +149,20 @@ def test_sign_in_returns_only_to_local_paths(target, safe):
     from effectmq.dashboard.web import _local_path
 
     assert _local_path(target) == safe
+
+
+def test_what_redis_info_says_about_taking_new_tasks():
+    from effectmq.checks import redis_write_notes
+    mib = 2**20
+    healthy = {"role": "master", "maxmemory": 100 * mib, "used_memory": 50 * mib, "maxmemory_policy": "noeviction",
+               "rdb_last_bgsave_status": "ok", "aof_enabled": 1, "aof_last_write_status": "ok"}
+    assert redis_write_notes(healthy) == []
+    assert redis_write_notes({**healthy, "maxmemory": 0, "used_memory": 10**12}) == []  # no limit
+    (nearly,) = redis_write_notes({**healthy, "used_memory": 95 * mib})
+    assert nearly.startswith("Redis is nearly full (95.0 MiB used of maxmemory 100.0 MiB)")
+    # Memory Redis does not count for eviction (replication buffers) does not make it full.
+    assert redis_write_notes({**healthy, "used_memory": 120 * mib, "mem_not_counted_for_evict": 40 * mib}) == []
+    (aof,) = redis_write_notes({**healthy, "aof_last_write_status": "err"})
+    assert "could not write its AOF" in aof and "MISCONF" in aof
+    (unknown,) = redis_write_notes({**healthy, "rdb_last_bgsave_status": "err"})  # CONFIG not answered
+    assert unknown.startswith("Redis's last RDB save failed: unless stop-writes-on-bgsave-error is off")
