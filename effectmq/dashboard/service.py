@@ -75,12 +75,19 @@ class DashboardService:
     async def _keep_events_wanted(self) -> None:
         """Lifecycle events are written only while a reader asked recently (want_events):
         the task pages show them, so keep asking for every queue shown."""
+        problem = None  # the last one logged: a lasting one (a read-only replica) is logged once
         while True:
             try:
                 names = await self.queue_names()
                 await asyncio.gather(*(self.queue(n).want_events() for n in names))
+                if problem is not None:
+                    log.info("interest in events registered again")
+                problem = None
             except EffectMQError as exc:
-                log.warning("could not register interest in events: %s", exc)
+                if str(exc) != problem:
+                    log.warning("could not register interest in events (task pages show only those already "
+                                "written): %s", exc)
+                problem = str(exc)
             except Exception:  # noqa: BLE001 - a bug here must not end the loop silently
                 log.exception("could not register interest in events")
             await asyncio.sleep(EVENTS_EVERY)

@@ -169,3 +169,33 @@ async def test_on_a_cluster_the_primary_that_refuses_new_tasks_is_named(redis_cl
         assert [q["name"] for q in body["queues"]] == ["shop/orders"]
     finally:
         full.client().config_set("maxmemory", "0")
+
+
+async def test_on_a_replica_the_events_it_cannot_ask_for_are_logged_once(make_redis, start_dashboard,
+                                                                          monkeypatch, caplog):
+    """Was: a warning every 20 s for as long as the dashboard read a replica."""
+    import logging
+
+    from effectmq.dashboard import service
+
+    monkeypatch.setattr(service, "EVENTS_EVERY", 0.05)
+    server = make_redis()
+    admin = server.client()
+    async with TaskQueue("shop/orders", url=server.url) as q:
+        await q.offer("job", {}, task_id="t1")
+    admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+    try:
+        with caplog.at_level(logging.INFO, logger="effectmq.dashboard"):
+            await start_dashboard(server.url)
+            await asyncio.sleep(1.0)  # about 20 rounds of the loop
+            warned = [r for r in caplog.records if "could not register interest" in r.getMessage()]
+            assert len(warned) == 1 and "READONLY" in warned[0].getMessage()
+    finally:
+        admin.execute_command("REPLICAOF", "NO", "ONE")
+    with caplog.at_level(logging.INFO, logger="effectmq.dashboard"):
+        for _ in range(40):
+            if any("registered again" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the recovery was not logged")
