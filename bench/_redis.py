@@ -12,10 +12,12 @@ import time
 import redis
 
 
-def start_redis(prefix: list[str] = (), *, wait: float = 4.0) -> tuple[subprocess.Popen, int, str]:
-    """A redis-server (run under `prefix`, e.g. valgrind) on a free loopback port, without
-    persistence, answering PING; returns the process, its port and its folder."""
-    binary = shutil.which("redis-server")
+def start_redis(prefix: list[str] = (), *, wait: float = 4.0,
+                binary: str | None = None) -> tuple[subprocess.Popen, int, str]:
+    """A redis-server (`binary`, else the one on PATH; run under `prefix`, e.g. valgrind) on
+    a free loopback port, without persistence, answering PING; returns the process, its
+    port and its folder."""
+    binary = binary or shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server not found: install the Debian package redis-server or pass --url")
     with socket.socket() as s:

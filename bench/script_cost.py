@@ -4,13 +4,17 @@
     python bench/script_cost.py --k 1 10 --rounds 200
     python bench/script_cost.py --k 1 10 --overhead   # and what a call pays before its own work
     python bench/script_cost.py --k 10 --small        # and an offer of one task, a renew of one lease
+    python bench/script_cost.py --k 10 --profile --redis-server "$(bash bench/redis_symbols.sh)"
+                                                      # where a call of 10 + 10 goes, by part and command
 
 Starts its own redis-server under `valgrind --tool=callgrind` (Debian's valgrind), fills
 a queue, then for each k times `rounds` calls of `complete_and_acquire` with k
 completions and k leases, as a busy worker sends them. Counting is zeroed and dumped
 around those calls only (callgrind_control), so the figure is redis-server's own
 instructions per call: deterministic, unlike CPU time on a shared machine. The fit
-splits it into a fixed cost per call and a cost per task.
+splits it into a fixed cost per call and a cost per task. `--profile` splits the calls of
+the largest k by where Redis spent them (bench/_callgrind.py), which needs a redis-server
+with symbols (bench/redis_symbols.sh: Debian's own source package, built once).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis.asyncio as aioredis  # noqa: E402
 
+from bench import _callgrind  # noqa: E402
 from bench._redis import start_redis  # noqa: E402
 from effectmq import scripts  # noqa: E402
 from effectmq.queue import TaskQueue  # noqa: E402
@@ -39,13 +44,15 @@ class Callgrind:
     """redis-server under callgrind on a free port; `zero()`, then `dumped()` gives the
     instructions it ran in between."""
 
-    def __init__(self) -> None:
+    def __init__(self, redis_server: str | None = None) -> None:
         for tool in ("valgrind", "callgrind_control"):
             if shutil.which(tool) is None:
                 raise SystemExit(f"{tool} not found (Debian package valgrind)")
         self.dir = tempfile.mkdtemp(prefix="effectmq-callgrind-")
         self.proc, self.port, _ = start_redis(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.dir}/out.%p"], wait=25.0)
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.dir}/out.%p"], wait=25.0,
+            binary=redis_server)
+        self.last_dump = ""
 
     def _control(self, flag: str) -> None:
         subprocess.run(["callgrind_control", flag, str(self.proc.pid)], check=True, capture_output=True)
@@ -57,6 +64,7 @@ class Callgrind:
         """Instructions since the last zero()."""
         self._control("-d")
         latest = max(glob.glob(f"{self.dir}/out.{self.proc.pid}*"), key=os.path.getmtime)
+        self.last_dump = latest
         for line in open(latest):
             if line.startswith(("totals:", "summary:")):
                 return int(line.split()[1])
@@ -101,6 +109,18 @@ async def per_call(grind: Callgrind, k: int, rounds: int) -> float:
     instructions = grind.dumped()
     await client.aclose()
     return instructions / rounds
+
+
+def print_profile(dump: str, k: int, rounds: int) -> None:
+    """Where the last calls went (bench/_callgrind.py), per call."""
+    parts = _callgrind.breakdown(_callgrind.parse(dump))
+    if not any(name.startswith("  ") for name, _ in parts):
+        raise SystemExit("no script commands named in the profile: this redis-server has no symbols "
+                         "(build one with bench/redis_symbols.sh and pass --redis-server)")
+    total = parts[0][1]
+    print(f"where a call of {k} + {k} goes (instructions per call, share of all):")
+    for name, cost in parts:
+        print(f"  {name:<62} {cost / rounds:10,.0f} {100 * cost / total:5.1f} %")
 
 
 async def overhead(grind: Callgrind, rounds: int) -> dict[str, float]:
@@ -152,8 +172,11 @@ async def main() -> None:
     parser.add_argument("--overhead", action="store_true",
                         help="also what a call pays before its own work (EVALSHA, lib.lua)")
     parser.add_argument("--small", action="store_true", help="also an offer of one task and a renew of one lease")
+    parser.add_argument("--profile", action="store_true",
+                        help="split the calls of the largest k by part and command (needs symbols)")
+    parser.add_argument("--redis-server", help="the redis-server to run (default: the one on PATH)")
     args = parser.parse_args()
-    grind = Callgrind()
+    grind = Callgrind(args.redis_server)
     try:
         if args.overhead:
             for name, cost in (await overhead(grind, args.rounds)).items():
@@ -162,13 +185,15 @@ async def main() -> None:
             for name, cost in (await small_calls(grind, args.rounds)).items():
                 print(f"{name}: {cost:10,.0f} instructions per call", flush=True)
         costs = {}
-        for k in args.k:
+        for k in sorted(args.k):
             costs[k] = await per_call(grind, k, args.rounds)
             print(f"k={k:4d}: {costs[k]:10,.0f} instructions per call, {costs[k] / k:9,.0f} per task", flush=True)
         if len(costs) > 1:
             low, high = min(costs), max(costs)
             per_task = (costs[high] - costs[low]) / (high - low)
             print(f"fit: {costs[low] - low * per_task:,.0f} per call + {per_task:,.0f} per task")
+        if args.profile:
+            print_profile(grind.last_dump, max(costs), args.rounds)
     finally:
         grind.close()
 
