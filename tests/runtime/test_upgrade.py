@@ -94,13 +94,16 @@ def old_tree(tmp_path_factory):
     return tree
 
 
-def old_env(tree) -> dict:
-    return {"PYTHONPATH": os.pathsep.join([str(tree), str(ROOT)]), "PYTHONSAFEPATH": "1"}
+def versions(old_tree) -> tuple[dict[str, dict], dict[str, str]]:
+    """Each version's environment for a process of it, and where its effectmq is."""
+    envs = {"old": {"PYTHONPATH": os.pathsep.join([str(old_tree), str(ROOT)]), "PYTHONSAFEPATH": "1"},
+            "new": {"PYTHONPATH": str(ROOT)}}
+    return envs, {"old": str(old_tree), "new": str(ROOT / "effectmq")}
 
 
-def offer(version_env: dict | None, queue: str, url: str, first: int) -> dict:
-    """Run PRODUCER in a process of that version (None: this checkout)."""
-    env = {**os.environ, **(version_env or {"PYTHONPATH": str(ROOT)})}
+def offer(version_env: dict, queue: str, url: str, first: int) -> dict:
+    """Run PRODUCER in a process of that version (versions())."""
+    env = {**os.environ, **version_env}
     done = subprocess.run([sys.executable, "-c", PRODUCER, queue, url, str(first)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -113,7 +116,7 @@ def script_calls(url: str) -> dict[str, int]:
     return {name: stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "fcall")}
 
 
-def worker(version_env: dict | None, url: str, queue: str, tmp, name: str, *args: str) -> WorkerProcess:
+def worker(version_env: dict, url: str, queue: str, tmp, name: str, *args: str) -> WorkerProcess:
     return WorkerProcess(url, queue, tmp, name=name, handlers=HANDLERS, env=version_env,
                          args=["--concurrency", "4", "--maintenance-interval", "0.2", *args])
 
@@ -137,39 +140,27 @@ def runs(effects, ids) -> dict[str, int]:
     return {i: sum(1 for e in done if e["task"] == i and e["ev"] == "done") for i in ids}
 
 
-async def test_tasks_of_either_version_run_on_the_other(redis_url, make_queue, old_tree, tmp_path):
+@pytest.mark.parametrize("producer", ["old", "new"])
+async def test_tasks_one_version_offered_run_on_the_other(redis_url, make_queue, old_tree, tmp_path, producer):
     q = make_queue("upgrade")
-    old = old_env(old_tree)
-
-    # The old version offers, this one runs the tasks.
-    produced = offer(old, "upgrade", redis_url, 0)
-    assert produced["effectmq"].startswith(str(old_tree)), produced["effectmq"]
+    runner = "new" if producer == "old" else "old"
+    envs, trees = versions(old_tree)
+    produced = offer(envs[producer], "upgrade", redis_url, 0)
+    assert produced["effectmq"].startswith(trees[producer]), produced["effectmq"]
     assert produced["created"] == [[True] * 5, [False] * 5]  # an explicit id is offered once
     before = script_calls(redis_url)
-    new_worker = worker(None, redis_url, "upgrade", tmp_path, "new")
+    running = worker(envs[runner], redis_url, "upgrade", tmp_path, runner)
     try:
-        infos = await settled(q, produced["ids"], new_worker)
+        infos = await settled(q, produced["ids"], running)
     finally:
-        assert new_worker.stop() == 0, new_worker.log()[-3000:]
-    assert {info.result["pid"] for info in infos.values()} == {new_worker.proc.pid}
-    assert script_calls(redis_url)["fcall"] > before["fcall"]
-
-    # And back: this version offers, the old one runs them.
-    produced = offer(None, "upgrade", redis_url, 1000)
-    assert produced["effectmq"].startswith(str(ROOT / "effectmq")), produced["effectmq"]
-    assert produced["created"] == [[True] * 5, [False] * 5]
-    before = script_calls(redis_url)
-    old_worker = worker(old, redis_url, "upgrade", tmp_path, "old")
-    try:
-        infos = await settled(q, produced["ids"], old_worker)
-    finally:
-        assert old_worker.stop() == 0, old_worker.log()[-3000:]
-    assert {info.result["pid"] for info in infos.values()} == {old_worker.proc.pid}
+        assert running.stop() == 0, running.log()[-3000:]
+    assert {info.result["pid"] for info in infos.values()} == {running.proc.pid}
+    assert set(runs(running.effects, produced["ids"]).values()) == {1}  # each ran once, to its end
     calls = script_calls(redis_url)
-    assert calls["evalsha"] > before["evalsha"] and calls["fcall"] == before["fcall"]  # the old scripts ran
-
-    everything = produced["ids"] + list(infos)
-    assert set(runs(old_worker.effects, everything).values()) == {1}  # each ran once, to its end
+    if runner == "old":  # its own scripts ran, by SHA
+        assert calls["evalsha"] > before["evalsha"] and calls["fcall"] == before["fcall"]
+    else:
+        assert calls["fcall"] > before["fcall"]
     stats = await q.stats()
     assert (stats.waiting, stats.delayed, stats.active, stats.failed) == (0, 0, 0, 0)
 
@@ -182,7 +173,7 @@ async def test_a_lease_one_version_lost_is_fenced_under_the_other(redis_url, mak
     scripts, against the record the other version wrote: each is refused (LeaseLost), and
     the task completes with the second attempt's result."""
     q = make_queue("fence")
-    envs = {"old": old_env(old_tree), "new": {"PYTHONPATH": str(ROOT)}}
+    envs, trees = versions(old_tree)
     task_id = (await q.offer("chaos", {"sleep": 2.0})).task_id
     holder = subprocess.Popen([sys.executable, "-c", STALE, "fence", redis_url], env={**os.environ, **envs[stale]},
                               cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -190,11 +181,10 @@ async def test_a_lease_one_version_lost_is_fenced_under_the_other(redis_url, mak
     current = None
     try:
         leased = json.loads(holder.stdout.readline() or "{}")
-        expected_tree = old_tree if stale == "old" else ROOT / "effectmq"
-        assert leased.get("effectmq", "").startswith(str(expected_tree)), (leased, holder.stderr.read())
+        assert leased.get("effectmq", "").startswith(trees[stale]), (leased, holder.stderr.read())
         assert (leased["task"], leased["attempt"]) == (task_id, 1)
         other = "new" if stale == "old" else "old"
-        current = worker(None if other == "new" else envs["old"], redis_url, "fence", tmp_path, other)
+        current = worker(envs[other], redis_url, "fence", tmp_path, other)
         current.wait_for_effect(lambda lines: any('"attempt": 2' in " ".join(line) for line in lines))
         holder.stdin.write("go\n")  # the second attempt holds the task now
         holder.stdin.flush()
