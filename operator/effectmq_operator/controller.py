@@ -80,6 +80,7 @@ class QueueController:
     # -- registry (fed by watch events and full lists) ------------------------------
 
     def observe_queue(self, event_type: str | None, body: dict) -> None:
+        self.queues.watch_reported()
         key = key_of(body)
         if event_type == "DELETED":
             self.queues.drop(body)

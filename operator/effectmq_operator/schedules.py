@@ -99,6 +99,7 @@ class ScheduleController:
     # -- registry ----------------------------------------------------------------------
 
     def observe(self, event_type: str | None, body: dict) -> None:
+        self.schedules.watch_reported()
         key = key_of(body)
         if event_type == "DELETED":
             self.schedules.drop(body)

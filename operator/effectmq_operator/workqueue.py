@@ -35,17 +35,32 @@ def backoff(failures: int, cap: float) -> float:
     return min(cap, 0.5 * 2 ** min(failures, 10))
 
 
+# The watch streams can start late: the API server answers a watch of a newly created
+# CRD with 429 "storage is (re)initializing" until its watch cache is ready, and kopf
+# retries after 1, 1, 2, 3, 5, 8, 13 and 21 s. Until a registry's watch has reported
+# something, or STARTUP_WINDOW has passed, it lists every STARTUP_RELIST_EVERY seconds,
+# so an object created meanwhile waits seconds, not a whole relist period.
+STARTUP_WINDOW = 120.0
+STARTUP_RELIST_EVERY = 2.0
+
+
 class Registry:
     """The latest version of each watched object, by key; newer versions win. A full
-    list every `relist_every` seconds heals whatever the watch stream missed."""
+    list every `relist_every` seconds (more often in the first STARTUP_WINDOW) heals
+    whatever the watch stream missed or has not reported yet."""
 
     def __init__(self, lister: Callable[[], Awaitable[list[dict]]], *, relist_every: float = 60.0):
         self.items: dict[Key, dict] = {}
         self.synced = asyncio.Event()  # set after the first full list
         self._lister = lister
         self._relist_every = relist_every
+        self._startup_until = time.monotonic() + STARTUP_WINDOW
         self._next_list = 0.0
         self._gone: dict[str, float] = {}  # uids deleted recently: a stale list must not resurrect them
+
+    def watch_reported(self) -> None:
+        """The watch stream runs: the lists go back to their usual period."""
+        self._startup_until = 0.0
 
     def put(self, body: dict) -> dict | None:
         """Store a watched version; returns the one held before."""
@@ -74,7 +89,8 @@ class Registry:
                 self._next_list = time.monotonic() + 2.0
             else:
                 self._replace_all(listed)
-                self._next_list = time.monotonic() + self._relist_every
+                now = time.monotonic()
+                self._next_list = now + (STARTUP_RELIST_EVERY if now < self._startup_until else self._relist_every)
                 self.synced.set()
         return self.synced.is_set()
 

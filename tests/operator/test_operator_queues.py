@@ -9,10 +9,14 @@ import json
 import signal
 import time
 
+import kubernetes
 import pytest
 import yaml
 
 import effectmq
+from effectmq_operator.connections import Connections
+from effectmq_operator.controller import QueueController
+from effectmq_operator.kube import Kube
 from tests.support.operator import DeploymentWorker, wait_for
 from tests.support.processes import ROOT
 
@@ -313,3 +317,32 @@ def test_a_queue_whose_redis_refuses_writes_says_so_and_recovers(kube_control_pl
     q.close()
     warnings = [m for t, r, m in events(plane, ns, "orders") if r == "RedisRefusesWrites"]
     assert len(warnings) == 1, warnings  # one per outage
+
+
+async def test_a_queue_the_watch_has_not_reported_is_reconciled_within_seconds(kube_control_plane, kube_namespace,
+                                                                               effectmq_crds, redis_url):
+    """The watch streams can start late: the API server answers a watch of a newly created
+    CRD with 429 "storage is (re)initializing" until its watch cache is ready, and kopf
+    retries after 1, 1, 2, 3, 5, 8, 13 and 21 s. A Queue created meanwhile is found only by
+    the controller's own list; here no watch event reaches the controller at all (a CI run
+    saw no Deployment for 30 s after the operator started, its watch of queues in backoff,
+    while the next list was a minute away)."""
+    plane, ns = kube_control_plane, kube_namespace
+    previous = kubernetes.client.Configuration.get_default_copy()
+    kubernetes.config.load_kube_config(config_file=str(plane.kubeconfig))
+    kube = Kube()
+    connections = Connections(kube)
+    controller = QueueController(kube, connections, namespaces=[ns])
+    running = asyncio.create_task(controller.run(lambda: True))
+    try:
+        await asyncio.wait_for(controller.synced.wait(), 10)  # its first list: no Queue yet
+        apply(plane, ns, queue_manifest("unreported", redis_url))
+        started = time.monotonic()
+        while get(plane, ns, "deployment", "unreported-worker") is None:
+            assert time.monotonic() - started < 15, "no worker Deployment within 15 s"
+            await asyncio.sleep(0.2)
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await connections.close()
+        kubernetes.client.Configuration.set_default(previous)
