@@ -266,3 +266,32 @@ def test_a_schedule_whose_ticks_redis_refuses_says_so_and_recovers(kube_control_
     assert condition(get(plane, ns, "schedule", "every-second"), "TicksMaterialized")["status"] == "True"
     wait_for(lambda: len(tick_tasks(redis_url, f"{ns}/emails", schedule_id)) >= during + 2, timeout=20,
              what="ticks again")
+
+
+async def test_a_schedule_the_watch_has_not_reported_is_reconciled_within_seconds(kube_control_plane, kube_namespace,
+                                                                                  effectmq_crds, redis_url):
+    """As test_a_queue_the_watch_has_not_reported_is_reconciled_within_seconds, for a
+    Schedule: no watch event reaches the controllers; their own lists find both objects
+    (a CI run saw a Schedule's first tick not come within 20 s of its creation)."""
+    plane, ns = kube_control_plane, kube_namespace
+    previous = kubernetes.client.Configuration.get_default_copy()
+    kubernetes.config.load_kube_config(config_file=str(plane.kubeconfig))
+    kube = Kube()
+    connections = Connections(kube)
+    queues = QueueController(kube, connections, namespaces=[ns])
+    schedules = ScheduleController(kube, connections, queues, namespaces=[ns])
+    running = [asyncio.create_task(queues.run(lambda: True)), asyncio.create_task(schedules.run(lambda: True))]
+    try:
+        await asyncio.wait_for(schedules.schedules.synced.wait(), 10)  # its first list: no Schedule yet
+        apply(plane, ns, queue_manifest("emails", redis_url))
+        apply(plane, ns, schedule_manifest("unreported", "emails", "* * * * * *", timeZone="UTC"))
+        started = time.monotonic()
+        while not ((get(plane, ns, "schedule", "unreported") or {}).get("status") or {}).get("lastTaskId"):
+            assert time.monotonic() - started < 15, "no tick within 15 s"
+            await asyncio.sleep(0.2)
+    finally:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        await connections.close()
+        kubernetes.client.Configuration.set_default(previous)
