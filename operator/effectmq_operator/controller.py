@@ -64,7 +64,8 @@ class QueueController:
         self.clock = clock
         self.deadline = deadline
         self.redis_deadline = deadline * REDIS_SHARE
-        self.queues = Registry(lambda: kube.list_resources("queues", self.namespaces), relist_every=relist_every)
+        self.queues = Registry(lambda: kube.list_resources("queues", self.namespaces), relist_every=relist_every,
+                               on_listed=self._queue_seen)
         self.deployments: dict[Key, dict] = {}
         self.runtime: dict[Key, QueueRuntime] = {}
         self.targets: dict[Key, RedisTarget] = {}  # the Redis of each Queue, as last resolved
@@ -81,17 +82,22 @@ class QueueController:
 
     def observe_queue(self, event_type: str | None, body: dict) -> None:
         self.queues.watch_reported()
+        old = self.queues.drop(body) if event_type == "DELETED" else self.queues.put(body)
+        self._queue_seen(event_type, body, old)
+
+    def _queue_seen(self, event_type: str | None, body: dict, old: dict | None) -> None:
+        """A Queue as its watch reported it or a list found it: its reconcile and its
+        Schedules hear when it appeared, its spec changed, its deletion began or it went
+        (a status write alone changes nothing they read)."""
         key = key_of(body)
         if event_type == "DELETED":
-            self.queues.drop(body)
             self.runtime.pop(key, None)
             self.targets.pop(key, None)
             self.work.forget(key)
-        else:
-            old = self.queues.put(body)
-            if not spec_changed(old, body):
-                return  # a status write: nothing a Schedule depends on changed
+        elif spec_changed(old, body):
             self.work.nudge(key)
+        else:
+            return
         for listener in self.listeners:
             listener(key)
 

@@ -78,7 +78,7 @@ class ScheduleController:
         self.tick_every = tick_every
         self.deadline = deadline
         self.schedules = Registry(lambda: kube.list_resources("schedules", self.namespaces),
-                                  relist_every=RESYNC_EVERY)
+                                  relist_every=RESYNC_EVERY, on_listed=self._schedule_seen)
         self.runtime: dict[Key, ScheduleRuntime] = {}
         self.work = WorkQueue(self._reconcile_key, interval=lambda key: RESYNC_EVERY, concurrency=concurrency,
                               deadline=deadline, describe=lambda key, exc: describe_failure(exc, _secrets(self._placed(key))))
@@ -100,16 +100,18 @@ class ScheduleController:
 
     def observe(self, event_type: str | None, body: dict) -> None:
         self.schedules.watch_reported()
+        old = self.schedules.drop(body) if event_type == "DELETED" else self.schedules.put(body)
+        self._schedule_seen(event_type, body, old)
+
+    def _schedule_seen(self, event_type: str | None, body: dict, old: dict | None) -> None:
+        """A Schedule as its watch reported it or a list found it."""
         key = key_of(body)
         if event_type == "DELETED":
-            self.schedules.drop(body)
             self.work.forget(key)
             rt = self.runtime.pop(key, None)
             if rt is not None and rt.placed is not None:
                 self._remove_soon(rt.placed, key)  # if this fails, the next GC pass removes it
-            return
-        old = self.schedules.put(body)
-        if old is None or old["metadata"].get("generation") != body["metadata"].get("generation"):
+        elif old is None or old["metadata"].get("generation") != body["metadata"].get("generation"):
             self.work.nudge(key)
 
     def _queue_changed(self, queue_key: Key) -> None:

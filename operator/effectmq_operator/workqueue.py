@@ -49,10 +49,15 @@ class Registry:
     list every `relist_every` seconds (more often in the first STARTUP_WINDOW) heals
     whatever the watch stream missed or has not reported yet."""
 
-    def __init__(self, lister: Callable[[], Awaitable[list[dict]]], *, relist_every: float = 60.0):
+    def __init__(self, lister: Callable[[], Awaitable[list[dict]]], *, relist_every: float = 60.0,
+                 on_listed: Callable[[str, dict, dict | None], Any] | None = None):
         self.items: dict[Key, dict] = {}
         self.synced = asyncio.Event()  # set after the first full list
         self._lister = lister
+        # Told of what a list found that the watch had not reported, as a watch event would
+        # have: (ADDED or MODIFIED, the listed body, the one held before) or (DELETED, the
+        # body held, None).
+        self._on_listed = on_listed
         self._relist_every = relist_every
         self._startup_until = time.monotonic() + STARTUP_WINDOW
         self._next_list = 0.0
@@ -96,10 +101,16 @@ class Registry:
 
     def _replace_all(self, bodies: list[dict]) -> None:
         listed = {key_of(b): b for b in bodies if b["metadata"].get("uid") not in self._gone}
+        changes: list[tuple[str, dict, dict | None]] = []
         for key in [k for k in self.items if k not in listed]:
-            del self.items[key]
-        for body in listed.values():
-            self.put(body)
+            changes.append(("DELETED", self.items.pop(key), None))
+        for key, body in listed.items():
+            old = self.put(body)
+            if self.items.get(key) is body:
+                changes.append(("ADDED" if old is None else "MODIFIED", body, old))
+        if self._on_listed:
+            for change in changes:
+                self._on_listed(*change)
 
 
 @dataclass
