@@ -10,6 +10,7 @@ by EVALSHA only, this one as a function library (FCALL); both are checked to hav
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -131,7 +132,7 @@ async def settled(q, ids: list[str], proc: WorkerProcess, timeout: float = 30.0)
         if proc.proc.poll() is not None or time.monotonic() > deadline:
             states = sorted({(info.state if info else "gone") for info in infos.values()})
             raise AssertionError(f"not all completed (states {states}); worker log:\n{proc.log()[-3000:]}")
-        time.sleep(0.05)
+        await asyncio.sleep(0.05)
 
 
 def runs(effects, ids) -> dict[str, int]:
