@@ -18,7 +18,7 @@ from effectmq_operator.connections import CONNECTIONS_PER_REDIS
 from effectmq_operator.kube import Kube
 from tests.fixtures.proxy import LatencyProxy, TcpProxy
 from tests.operator.test_operator_queues import apply, condition, get, queue_manifest, seconds_to_scale_from_zero
-from tests.support.operator import wait_for
+from tests.support.operator import default_kubeconfig, wait_for
 
 pytestmark = pytest.mark.kube
 FAST = {"pollIntervalSeconds": 1, "scaleDownStabilizationSeconds": 2, "cooldownSeconds": 2}
@@ -140,12 +140,10 @@ def slow_api(kube_control_plane, tmp_path):
     config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
     kubeconfig = tmp_path / "slow.kubeconfig"
     kubeconfig.write_text(json.dumps(config))
-    previous = kubernetes.client.Configuration.get_default_copy()
-    kubernetes.config.load_kube_config(config_file=str(kubeconfig))
     try:
-        yield proxy
+        with default_kubeconfig(kubeconfig):
+            yield proxy
     finally:
-        kubernetes.client.Configuration.set_default(previous)
         proxy.close()
 
 

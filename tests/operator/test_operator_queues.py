@@ -9,15 +9,11 @@ import json
 import signal
 import time
 
-import kubernetes
 import pytest
 import yaml
 
 import effectmq
-from effectmq_operator.connections import Connections
-from effectmq_operator.controller import QueueController
-from effectmq_operator.kube import Kube
-from tests.support.operator import DeploymentWorker, wait_for
+from tests.support.operator import DeploymentWorker, controllers_fed_by_lists, wait_for, wait_for_async
 from tests.support.processes import ROOT
 
 EXAMPLE = yaml.safe_load((ROOT / "examples/k8s/queue.yaml").read_text())
@@ -328,21 +324,8 @@ async def test_a_queue_the_watch_has_not_reported_is_reconciled_within_seconds(k
     saw no Deployment for 30 s after the operator started, its watch of queues in backoff,
     while the next list was a minute away)."""
     plane, ns = kube_control_plane, kube_namespace
-    previous = kubernetes.client.Configuration.get_default_copy()
-    kubernetes.config.load_kube_config(config_file=str(plane.kubeconfig))
-    kube = Kube()
-    connections = Connections(kube)
-    controller = QueueController(kube, connections, namespaces=[ns])
-    running = asyncio.create_task(controller.run(lambda: True))
-    try:
-        await asyncio.wait_for(controller.synced.wait(), 10)  # its first list: no Queue yet
+    async with controllers_fed_by_lists(plane, ns) as (queues, _):
+        await asyncio.wait_for(queues.synced.wait(), 10)  # its first list: no Queue yet
         apply(plane, ns, queue_manifest("unreported", redis_url))
-        started = time.monotonic()
-        while get(plane, ns, "deployment", "unreported-worker") is None:
-            assert time.monotonic() - started < 15, "no worker Deployment within 15 s"
-            await asyncio.sleep(0.2)
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-        await connections.close()
-        kubernetes.client.Configuration.set_default(previous)
+        await wait_for_async(lambda: get(plane, ns, "deployment", "unreported-worker"), timeout=15,
+                             what="a worker Deployment")

@@ -23,7 +23,7 @@ from effectmq_operator.schedules import ScheduleController, ScheduleRuntime
 from effectmq_operator.spec import RedisSpec
 from effectmq_operator.status import schedule_progress
 from tests.operator.test_operator_queues import apply, condition, events, get, queue_manifest
-from tests.support.operator import wait_for
+from tests.support.operator import controllers_fed_by_lists, wait_for, wait_for_async
 
 FAST_LEASE = {"EFFECTMQ_OPERATOR_LEASE_SECONDS": "3"}
 
@@ -274,24 +274,9 @@ async def test_a_schedule_the_watch_has_not_reported_is_reconciled_within_second
     Schedule: no watch event reaches the controllers; their own lists find both objects
     (a CI run saw a Schedule's first tick not come within 20 s of its creation)."""
     plane, ns = kube_control_plane, kube_namespace
-    previous = kubernetes.client.Configuration.get_default_copy()
-    kubernetes.config.load_kube_config(config_file=str(plane.kubeconfig))
-    kube = Kube()
-    connections = Connections(kube)
-    queues = QueueController(kube, connections, namespaces=[ns])
-    schedules = ScheduleController(kube, connections, queues, namespaces=[ns])
-    running = [asyncio.create_task(queues.run(lambda: True)), asyncio.create_task(schedules.run(lambda: True))]
-    try:
-        await asyncio.wait_for(schedules.schedules.synced.wait(), 10)  # its first list: no Schedule yet
+    async with controllers_fed_by_lists(plane, ns) as (_, schedules):
+        await asyncio.wait_for(schedules.synced.wait(), 10)  # its first list: no Schedule yet
         apply(plane, ns, queue_manifest("emails", redis_url))
         apply(plane, ns, schedule_manifest("unreported", "emails", "* * * * * *", timeZone="UTC"))
-        started = time.monotonic()
-        while not ((get(plane, ns, "schedule", "unreported") or {}).get("status") or {}).get("lastTaskId"):
-            assert time.monotonic() - started < 15, "no tick within 15 s"
-            await asyncio.sleep(0.2)
-    finally:
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
-        await connections.close()
-        kubernetes.client.Configuration.set_default(previous)
+        await wait_for_async(lambda: ((get(plane, ns, "schedule", "unreported") or {}).get("status") or {})
+                             .get("lastTaskId"), timeout=15, what="a tick")

@@ -3,7 +3,9 @@ worker processes exactly as the operator's Deployment describes them."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import os
 import shutil
 import subprocess
@@ -11,8 +13,14 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable, Iterator
 
+import kubernetes
+
+from effectmq_operator.connections import Connections
+from effectmq_operator.controller import QueueController
+from effectmq_operator.kube import Kube
+from effectmq_operator.schedules import ScheduleController
 from tests.fixtures.redis import free_port
 from tests.support.processes import ROOT, stop_process
 
@@ -26,6 +34,49 @@ def wait_for(check: Callable[[], Any], timeout: float = 30.0, interval: float = 
             return last
         time.sleep(interval)
     raise AssertionError(f"{what} not met within {timeout}s (last: {last!r})")
+
+
+async def wait_for_async(check: Callable[[], Any], timeout: float = 30.0, interval: float = 0.2,
+                         what: str = "condition") -> Any:
+    """wait_for, for a test whose event loop runs what it waits on."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"{what} not met within {timeout}s (last: {last!r})")
+
+
+@contextlib.contextmanager
+def default_kubeconfig(path: Path) -> Iterator[None]:
+    """The kubernetes client's default configuration from `path`, restored afterwards."""
+    previous = kubernetes.client.Configuration.get_default_copy()
+    kubernetes.config.load_kube_config(config_file=str(path))
+    try:
+        yield
+    finally:
+        kubernetes.client.Configuration.set_default(previous)
+
+
+@contextlib.asynccontextmanager
+async def controllers_fed_by_lists(plane, namespace: str) -> AsyncIterator[tuple[QueueController, ScheduleController]]:
+    """The operator's Queue and Schedule controllers, in this process and leading, with
+    no watch event reaching them: only their own lists tell them what exists."""
+    with default_kubeconfig(plane.kubeconfig):
+        kube = Kube()
+        connections = Connections(kube)
+        queues = QueueController(kube, connections, namespaces=[namespace])
+        schedules = ScheduleController(kube, connections, queues, namespaces=[namespace])
+        running = [asyncio.create_task(queues.run(lambda: True)), asyncio.create_task(schedules.run(lambda: True))]
+        try:
+            yield queues, schedules
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            await connections.close()
 
 
 class OperatorProcess:
