@@ -52,6 +52,9 @@ class LeasesAlong(Protocol):
     def returned(self, reserved: int) -> None:
         """The call that asked for `reserved` free slots is back (whatever happened)."""
 
+    def reserve(self, slots: int) -> None:
+        """Keep `slots` more reserved (until `returned`) for a call still out."""
+
     def start(self, leases: list["Lease"]) -> None:
         """Run the leases the call gave."""
 
@@ -157,18 +160,11 @@ class CompletionBatcher:
             leases: list["Lease"] = []
             try:
                 if along and want > 0:
-                    call = self.engine.complete_and_acquire(settled, want, lock_timeout=along.lock_timeout)
                     sent = time.monotonic()
-                    try:
-                        async with asyncio.timeout(left):
-                            codes, leases = await call
-                    finally:
-                        along.returned(want - len(batch))
+                    codes, leases = await self._complete_and_acquire(along, settled, want, left)
                     self._started = {lease.token for lease in leases}
                     self._started_at = time.monotonic()
-                    self.started(leases)
                     self.call_time += (self._started_at - sent - self.call_time) / 8
-                    along.start(leases)
                 else:
                     async with asyncio.timeout(left):
                         codes = await self.engine.complete_many(settled)
@@ -184,6 +180,38 @@ class CompletionBatcher:
                     future.set_result(code)
             if leases:
                 await self._join_started()
+
+    async def _complete_and_acquire(self, along: LeasesAlong, settled: list, want: int,
+                                    left: float) -> tuple[list[int], list["Lease"]]:
+        """Settle a batch and lease `want` tasks for the slots it frees. When the batch's
+        earliest lease runs out first, its waiters get TimeoutError, but the call is not
+        cancelled: Redis may have run it, and the leases its reply brings are started
+        (or handed back by the worker, when late) rather than left to stall. The batch's
+        slots stay reserved until then."""
+        call = asyncio.ensure_future(self.engine.complete_and_acquire(settled, want, lock_timeout=along.lock_timeout))
+        try:
+            done, _ = await asyncio.wait((call,), timeout=left)
+        except asyncio.CancelledError:
+            call.cancel()
+            along.returned(want - len(settled))
+            raise
+        if not done:
+            along.reserve(len(settled))
+            call.add_done_callback(lambda _: self._late_reply(call, along, want))
+            raise TimeoutError(f"no reply within the batch's earliest lease ({left:.2f}s)")
+        along.returned(want - len(settled))
+        codes, leases = call.result()
+        self.started(leases)
+        along.start(leases)
+        return codes, leases
+
+    def _late_reply(self, call: asyncio.Future, along: LeasesAlong, reserved: int) -> None:
+        along.returned(reserved)
+        if call.cancelled() or call.exception() is not None:
+            return  # nothing leased that a reply told us of; a lease lost with it will stall
+        _codes, leases = call.result()
+        self.started(leases)
+        along.start(leases)
 
     async def _wait_for_wave(self) -> None:
         """Let the attempts expected to finish soon join the batch about to go (module docstring)."""

@@ -130,6 +130,9 @@ class _TakeAlong:
         if reserved:
             self.worker._slot_free.set()  # slots the reply did not fill are the loop's again
 
+    def reserve(self, slots: int) -> None:
+        self.worker._asking += slots
+
     def start(self, leases: list[Lease]) -> None:
         self.worker._run_leases(leases)
 

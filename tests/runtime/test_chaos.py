@@ -392,6 +392,12 @@ class Chaos:
     def timeline(self) -> str:
         return "\n".join(f"  +{f.start - self.t0:7.3f}s {f}" for f in sorted(self.faults, key=lambda f: f.start))
 
+    def log_lines_naming(self, tid: str) -> list[str]:
+        """What any worker process logged about a task (an attempt that never reached its
+        handler left no other trace in the workers)."""
+        return [f"pid {pid}: {line}" for pid, worker in self.processes.items() if worker.log_path.exists()
+                for line in worker.log().splitlines() if tid in line]
+
     def failure_message(self, pids: set[int]) -> str:
         parts = [self.header()]
         for category, items in self.problems.items():
@@ -666,7 +672,8 @@ async def test_chaos_seeded_faults_lose_nothing_and_accept_no_stale_ack(make_red
             chaos.problem("extra run not explained by a fault",
                           f"{tid} ({info.state}, stalls {info.stalled_attempt_count}): unexplained "
                           + "; ".join(describe(tid, a) for a in unexplained) + " | all: "
-                          + "; ".join(describe(tid, a) for a in range(1, info.attempt + 1)))
+                          + "; ".join(describe(tid, a) for a in range(1, info.attempt + 1))
+                          + " | worker logs on it: " + " / ".join(chaos.log_lines_naming(tid)[:4]))
             involved.update(runs[(tid, a)]["pid"] for a in unexplained if (tid, a) in runs)
     known = set(chaos.confirmed) | set(probes)
     for name in INDEXES:

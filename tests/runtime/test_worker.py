@@ -4,6 +4,7 @@ import asyncio
 import time
 
 import pytest
+import redis.asyncio
 
 import effectmq
 from tests.support.inprocess import make_worker, running, settled, until_drained
@@ -397,3 +398,51 @@ async def test_a_completion_waits_for_a_hung_call_no_longer_than_its_own_lease(t
     finally:
         tcp_proxy.restore()
         await q.close()
+
+
+async def test_leases_a_completion_call_brings_after_its_waiters_gave_up_still_run(make_queue, redis_url):
+    # A completion waits no longer than its own lease, but the call it went in may still
+    # be answered: the leases its reply carries (taken along for the freed slots) must be
+    # run, or handed back, not dropped until they stall. Redis held by CLIENT PAUSE stands
+    # for a slow reply (a starved worker process, a slow fsync): no fault, no lost reply.
+    q = make_queue("late-along", lock_timeout=30)
+    await q.offer_many([("x", i) for i in range(2)])
+    (done,), _ = await q.acquire_many(1)
+    done.confirmed_until = time.monotonic() + 0.3  # as if its last renewal was long ago
+
+    class Along:
+        lock_timeout, in_flight = None, 1
+        reserved = 0
+        started: list = []
+
+        def wanted(self, completing):
+            return completing
+
+        def returned(self, reserved):
+            self.reserved -= reserved
+
+        def reserve(self, slots):
+            self.reserved += slots
+
+        def start(self, leases):
+            self.started.extend(leases)
+
+    along = Along()
+    batcher = effectmq.acks.CompletionBatcher(q.engine, along)
+    admin = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        await admin.execute_command("CLIENT", "PAUSE", 1000, "ALL")
+        with pytest.raises(TimeoutError):
+            await batcher.complete(done, "null")  # its lease ran out while Redis held the call
+        assert along.reserved == 1, "the slot the call may fill stays reserved while it is out"
+        async with asyncio.timeout(5):
+            while not along.started:
+                await asyncio.sleep(0.02)
+        (late,) = along.started
+        assert late.task_id != done.task_id and along.reserved == 0
+        assert (await q.get(done.task_id)).state == "completed"  # the call did settle it
+        await late.complete("null")  # the lease it brought is live, and this attempt's own
+        assert (await q.get(late.task_id)).state == "completed"
+    finally:
+        await admin.execute_command("CLIENT", "UNPAUSE")
+        await admin.aclose()
