@@ -27,7 +27,7 @@ def test_the_wheel_ships_every_data_file(tmp_path):
     source = tmp_path / "src"
     for part in ("effectmq", "operator"):
         shutil.copytree(ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, source / name)
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                             "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True)
@@ -39,3 +39,8 @@ def test_the_wheel_ships_every_data_file(tmp_path):
                 if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts}
     assert len(expected) > 20
     assert expected <= shipped, sorted(expected - shipped)
+    # The license's text travels with the package (PEP 639: License-File in the metadata).
+    (license_file,) = [name for name in shipped if name.endswith(".dist-info/licenses/LICENSE")]
+    metadata = zipfile.ZipFile(wheel).read(license_file.replace("licenses/LICENSE", "METADATA")).decode()
+    assert "License-Expression: Apache-2.0" in metadata and "License-File: LICENSE" in metadata
+    assert "Apache License" in zipfile.ZipFile(wheel).read(license_file).decode()
