@@ -58,6 +58,11 @@ class LeasesAlong(Protocol):
     def start(self, leases: list["Lease"]) -> None:
         """Run the leases the call gave."""
 
+    def start_late(self, leases: list["Lease"]) -> None:
+        """Run the leases of a call its batch stopped waiting for, as far as free slots
+        allow (the batch's attempts may have sent their completions again, and been
+        given leases for the same slots); hand back the rest."""
+
 MAX_BATCH = 256
 JOIN_TURNS = 3  # a handler with no I/O reaches complete() in two turns of the loop
 JOIN_WAIT = 0.004  # seconds: handlers shorter than this are waited for, at most twice their time
@@ -208,10 +213,9 @@ class CompletionBatcher:
     def _late_reply(self, call: asyncio.Future, along: LeasesAlong, reserved: int) -> None:
         along.returned(reserved)
         if call.cancelled() or call.exception() is not None:
-            return  # nothing leased that a reply told us of; a lease lost with it will stall
+            return  # no reply, so no lease known; one the call may have taken will stall
         _codes, leases = call.result()
-        self.started(leases)
-        along.start(leases)
+        along.start_late(leases)
 
     async def _wait_for_wave(self) -> None:
         """Let the attempts expected to finish soon join the batch about to go (module docstring)."""

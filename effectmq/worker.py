@@ -136,6 +136,13 @@ class _TakeAlong:
     def start(self, leases: list[Lease]) -> None:
         self.worker._run_leases(leases)
 
+    def start_late(self, leases: list[Lease]) -> None:
+        room = max(0, self.worker._free_slots())
+        for lease in leases[room:]:
+            self.worker._release_in_background(lease, "its slot was filled while the call that leased it was late")
+        self.worker._completions.started(leases[:room])
+        self.worker._run_leases(leases[:room])
+
 
 class Worker:
     def __init__(self, queue_or_app: TaskQueue | App, handlers: App | Mapping[str, Any] | None = None, *,

@@ -425,6 +425,9 @@ async def test_leases_a_completion_call_brings_after_its_waiters_gave_up_still_r
             self.reserved += slots
 
         def start(self, leases):
+            raise AssertionError("the call was late: its leases go to start_late")
+
+        def start_late(self, leases):
             self.started.extend(leases)
 
     along = Along()
@@ -446,3 +449,31 @@ async def test_leases_a_completion_call_brings_after_its_waiters_gave_up_still_r
     finally:
         await admin.execute_command("CLIENT", "UNPAUSE")
         await admin.aclose()
+
+
+async def test_late_leases_start_only_in_free_slots_and_the_rest_go_back_waiting(make_queue):
+    # The attempts of a batch that stopped waiting may send their completions again and be
+    # given leases for the same slots; a late reply then finds them filled. Its leases
+    # beyond the free slots are handed back (waiting again, no stall), never run over the
+    # worker's concurrency.
+    q = make_queue("late-room")
+    await q.offer_many([("job", i) for i in range(3)])
+    busy, *late = (await q.acquire_many(3))[0]
+    running_now, release = [], asyncio.Event()
+
+    async def job(payload):
+        running_now.append(payload)
+        await release.wait()
+
+    worker = make_worker(q, {"job": job}, concurrency=2)
+    worker._start(busy)  # one of its two slots runs an attempt
+    worker._completions.along.start_late(late)  # a late reply brings two leases
+    await asyncio.sleep(0.1)
+    assert len(running_now) == 2 and worker.in_flight == 2
+    (handed_back,) = [lease for lease in late if lease.token not in worker._attempts]
+    async with asyncio.timeout(5):
+        while (info := await q.get(handed_back.task_id)).state != "waiting":
+            await asyncio.sleep(0.02)
+    assert info.stalled_attempt_count == 0
+    release.set()
+    await asyncio.gather(*(a.task for a in list(worker._attempts.values())), return_exceptions=True)
