@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .engine import Lease, LeaseEngine
+    from .protocol import Outcome
 
 
 class LeasesAlong(Protocol):
@@ -187,7 +188,7 @@ class CompletionBatcher:
                 await self._join_started()
 
     async def _complete_and_acquire(self, along: LeasesAlong, settled: list, want: int,
-                                    left: float) -> tuple[list[int], list["Lease"]]:
+                                    left: float) -> tuple[list["Outcome"], list["Lease"]]:
         """Settle a batch and lease `want` tasks for the slots it frees. When the batch's
         earliest lease runs out first, its waiters get TimeoutError, but the call is not
         cancelled: Redis may have run it, and the leases its reply brings are started
