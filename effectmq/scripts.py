@@ -128,6 +128,9 @@ REFUSED_WHEN_FULL = frozenset({"offer", "progress"})
 READ_ONLY = frozenset({"stats", "live_workers"})
 
 
+_UNNAMED = "effectmq_unnamed"  # the library's name in its functions' names until it is known
+
+
 @cache
 def library() -> tuple[str, str]:
     """The scripts as one Redis function library (Redis 7): its name, and its source.
@@ -148,12 +151,15 @@ def library() -> tuple[str, str]:
     parts = ["local " + ", ".join(declared), lua_defaults(), *(d.text for d in definitions if d.function),
              "local function begin(keys, args)\n  KEYS, ARGV = keys, args\n" + "\n".join(assignments) + "\nend"]
     body = "\n".join(parts) + "\n"
-    name = "effectmq_" + hashlib.sha1(body.encode()).hexdigest()[:16]
     for operation in OPERATIONS:
         flags = "'no-writes'" if operation in READ_ONLY else "" if operation in REFUSED_WHEN_FULL else "'allow-oom'"
-        body += (f"redis.register_function{{function_name = '{function_name(operation, name)}', flags = {{{flags}}},"
-                 f" callback = function(keys, args)\nbegin(keys, args)\n{_lua_file(f'{operation}.lua')}\nend}}\n")
-    return name, f"#!lua name={name}\n" + body
+        body += (f"redis.register_function{{function_name = '{function_name(operation, _UNNAMED)}', "
+                 f"flags = {{{flags}}}, callback = function(keys, args)\nbegin(keys, args)\n"
+                 f"{_lua_file(f'{operation}.lua')}\nend}}\n")
+    # The name hashes all of it, every operation's script and flags too: a version that
+    # changed only one of them must not call the library of the version before it.
+    name = "effectmq_" + hashlib.sha1(body.encode()).hexdigest()[:16]
+    return name, f"#!lua name={name}\n" + body.replace(_UNNAMED, name)
 
 
 # Every version loads its own library (library()), once per Redis, and nothing unloads

@@ -32,6 +32,25 @@ def test_the_library_registers_every_operation_and_resets_every_definition_per_c
                 f"{sorted(d.names)} is not assigned again on each call"
 
 
+def test_a_change_to_any_script_names_a_new_library(monkeypatch):
+    """A rolling upgrade that changes one operation's script (not lib.lua) must not call
+    the library of the version before it, loaded under the same name: that runs old code."""
+    before = scripts.library()
+    read = scripts._lua_file
+
+    def changed(name: str) -> str:
+        return read(name) + ("-- changed\n" if name == "acquire.lua" else "")
+
+    monkeypatch.setattr(scripts, "_lua_file", changed)
+    scripts.library.cache_clear()
+    try:
+        name, source = scripts.library()
+        assert "-- changed" in source
+        assert name != before[0]
+    finally:
+        scripts.library.cache_clear()
+
+
 async def test_a_call_does_not_see_the_task_keys_an_earlier_call_declared(make_queue):
     """Per-call state lives in the library's upvalues: each call starts from its own."""
     q = make_queue("functions-fresh-state")
