@@ -83,10 +83,15 @@ end
 -- The candidates still waiting near the head and in its band, in head order. They may
 -- pass over tasks they do not include only when the head was named to some caller
 -- (workers compete for the head); else the head must be one of them, so that a caller
--- that learnt of some tasks only (its own offers) leases in exact head order.
+-- that learnt of some tasks only (its own offers) leases in exact head order. The head
+-- was named when it comes no later than the last id named and was waiting then: its
+-- sequence number (the score within its band) is not after that id's. A head that came
+-- later into a band before it (a retry, a release, a higher priority) was named to nobody.
 local picks, pick_scores = {}, {}  -- ids and their scores, sorted by score below
 local SORT_INLINE = 64  -- picks sorted inline at most: 2,016 comparisons in reverse order
-if head[2] and (key_of[head[1]] or (last_score and tonumber(head[2]) <= last_score)) then
+local head_score = tonumber(head[2])
+if head_score and (key_of[head[1]] or (last_score and head_score <= last_score
+    and head_score % PRIORITY_SPAN <= last_score % PRIORITY_SPAN)) then
   local limit = band
   local edge_rank = int_text(window - 1)
   local edge = redis.call('ZRANGE', K_WAITING, edge_rank, edge_rank, 'WITHSCORES')

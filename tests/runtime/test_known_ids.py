@@ -154,6 +154,19 @@ async def test_ids_learnt_from_own_offers_never_pass_older_tasks(make_queue):
     assert (first.task_id, second.task_id) == ("older", "newer")
 
 
+async def test_a_task_back_in_a_band_before_the_last_named_id_is_not_passed_over(make_queue):
+    """A retried task comes back into its priority band after an acquire named the ids up
+    to a lower band; nobody was named it since, so a task of its band offered after it
+    must not be leased first (the model-based test found this)."""
+    q = make_queue("back-in-band", retry=effectmq.Fixed(0), max_retries=3)
+    await q.offer("job", 1, task_id="high", priority=1)
+    await q.offer("job", 2, task_id="low", priority=0)
+    first = await q.acquire()  # names the ids after it: up to "low"
+    assert first.task_id == "high" and await first.fail(effectmq.ErrorInfo("Boom"))  # waiting again
+    await q.offer("job", 3, task_id="later", priority=1)
+    assert [(await q.acquire()).task_id for _ in range(3)] == ["high", "later", "low"]
+
+
 @pytest.mark.parametrize("count", [20, 100])  # sorted inline; by table.sort (over 64)
 async def test_candidates_declared_out_of_order_are_leased_in_head_order(make_queue, count):
     q = make_queue(f"order-{count}")
