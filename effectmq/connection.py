@@ -49,6 +49,10 @@ _CODE_OF_CLASS = {cls: code for name, code in (
 # ("Command # 1 (ZRANGE ...) of pipeline caused error: ('BUSY ...',)"; 5.x without the
 # tuple): the reply's own text follows.
 _PIPELINE_ERROR = re.compile(r"Command # \d+ \(.*\) of pipeline caused error: \(?['\"]?(.*)", re.S)
+# Redis 6.2 wraps the error of a command a script ran ("Error running script (call to
+# f_<sha>): @user_script:158: @user_script: 158: -OOM command not allowed ..."); 7 passes
+# the command's own reply on. Its code decides, as it would on 7.
+_SCRIPT_ERROR = re.compile(r"(?:ERR )?Error running script \(call to [^)]*\): @\S+ @\S+ \d+: -(\S+)")
 
 
 def _reply_text(exc: BaseException) -> str:
@@ -90,7 +94,9 @@ def classify_reply(exc: BaseException) -> ReplyClass:
     if isinstance(exc, redis_errors.ConnectionError):
         return ReplyClass("CONNECTION", True)
     text = _reply_text(exc)
-    code = getattr(exc, "status_code", None) or _stripped_code(exc) or (text.split(" ", 1)[0] if text else "")
+    wrapped = _SCRIPT_ERROR.match(text)
+    code = (wrapped.group(1) if wrapped else None) or getattr(exc, "status_code", None) or _stripped_code(exc) \
+        or (text.split(" ", 1)[0] if text else "")
     if not code.isupper():
         code = "ERR"
     return ReplyClass(code, code in RETRYABLE_REPLIES)

@@ -23,8 +23,9 @@ from typing import Any, Callable, NamedTuple, Sequence, TypeVar
 import redis
 import redis.exceptions as redis_errors
 from redis.asyncio.connection import Connection
+from redis.asyncio.sentinel import SentinelManagedConnection
 
-from .connection import TRANSPORT_ERRORS, RedisErrors
+from .connection import TRANSPORT_ERRORS, RedisErrors, classify_reply
 from .protocol import SCRIPTS, ScriptArgs, lua_defaults
 
 log = logging.getLogger("effectmq")
@@ -346,9 +347,18 @@ def _functions_refused(reply: Any) -> bool:
     """A Redis without functions (6.2: unknown command), or an ACL that forbids them."""
     if not isinstance(reply, redis_errors.ResponseError):
         return False
-    text = str(reply).lower()
+    text = str(reply).lower().replace("`", "'")  # 6.2 quotes the command with backticks, 7 with '
     return (text.startswith("unknown command") and ("'fcall'" in text or "'function'" in text)
             or "no permissions to run the 'fcall'" in text or "no permissions to run the 'function" in text)
+
+
+def _demoted_primary(conn: Connection, exc: redis_errors.ResponseError) -> bool:
+    """A READONLY reply to a script from the primary a Sentinel named, wrapped by Redis 6.2
+    ("Error running script ... -READONLY ..."): as redis-py does with the plain READONLY it
+    recognizes (SentinelManagedConnection.read_response), the connection is dropped and
+    the next one asks the Sentinels again. Else a worker kept calling the demoted one."""
+    return (isinstance(conn, SentinelManagedConnection) and conn.connection_pool.is_master
+            and not isinstance(exc, redis_errors.ReadOnlyError) and classify_reply(exc).code == "READONLY")
 
 
 async def exchange(conn: Connection, packed: list, raw: bool, *, asking: bool = False) -> list:
@@ -365,6 +375,8 @@ async def exchange(conn: Connection, packed: list, raw: bool, *, asking: bool = 
             try:
                 replies.append(await conn.read_response(disable_decoding=raw))
             except redis_errors.ResponseError as exc:
+                if _demoted_primary(conn, exc):
+                    raise redis_errors.ConnectionError("The previous master is now a slave") from exc
                 replies.append(exc)
         return replies
     except BaseException:

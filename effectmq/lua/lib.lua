@@ -133,7 +133,7 @@ local function task_key(id)
     DECLARED = {}
     for i = QUEUE_KEYS + 1, #KEYS do DECLARED[KEYS[i]] = true end
   end
-  if not DECLARED[key] then error({err = 'ERR undeclared task key ' .. key}) end
+  if not DECLARED[key] then error('undeclared task key ' .. key) end  -- a string: 6.2 cannot raise a table
   return key
 end
 
@@ -315,7 +315,7 @@ local function use_receipts(own, resent)
   local first = #KEYS - #ids
   for i, id in ipairs(ids) do
     local key = BASE .. 'r:' .. id
-    if KEYS[first + i] ~= key then error({err = 'ERR undeclared receipt key ' .. key}) end
+    if KEYS[first + i] ~= key then error('undeclared receipt key ' .. key) end
     receipt_keys[i] = key
   end
   if own ~= '' then receipt = {key = receipt_keys[1], tokens = {}, until_ms = 0} end

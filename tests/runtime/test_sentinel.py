@@ -20,6 +20,7 @@ from redis.asyncio.sentinel import SentinelConnectionPool
 import effectmq
 from effectmq.connection import TlsOptions, connect
 from effectmq.sentinel import BlockingSentinelConnectionPool, SentinelRedis, is_sentinel_url
+from tests.fixtures.redis import server_version
 
 QUEUE = "failover"
 
@@ -246,7 +247,8 @@ async def test_a_demoted_primary_answering_readonly_is_left_for_the_promoted_one
 
         offered = await q.offer("work", {"n": 2}, task_id="after")  # READONLY -> ConnectionError -> resent
         assert offered.created
-        assert "errorstat_READONLY" in old.client().info("errorstats")  # it did answer READONLY
+        # it did answer READONLY (6.2 counts a script's READONLY as the ERR that wraps it)
+        assert ("errorstat_READONLY" if server_version() >= (7, 0) else "errorstat_ERR") in old.client().info("errorstats")
         assert pool.master_address == ("127.0.0.1", new.port)
         assert new.client().exists(q.keys.task("after")) == 1
         lease = await q.acquire()
