@@ -69,8 +69,8 @@ declare -A dockerfile=(
 # What each build copies from the repository (its COPY lines; the ignore files
 # drop __pycache__ and *.pyc, and so does the hash).
 declare -A inputs=(
-    [operator]="pyproject.toml README.md effectmq operator/effectmq_operator operator/Dockerfile.dockerignore"
-    [worker]="pyproject.toml README.md effectmq operator/effectmq_operator worker_image/Dockerfile.dockerignore"
+    [operator]="pyproject.toml README.md LICENSE effectmq operator/effectmq_operator operator/Dockerfile.dockerignore"
+    [worker]="pyproject.toml README.md LICENSE effectmq operator/effectmq_operator worker_image/Dockerfile.dockerignore"
     [example]="examples/shop worker_image/example.Dockerfile.dockerignore"
     [redis]="tooling/images/redis.Dockerfile.dockerignore"
 )

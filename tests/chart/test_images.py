@@ -6,12 +6,15 @@ example tasks."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tomllib
 from pathlib import Path
 
@@ -21,6 +24,7 @@ import yaml
 import effectmq
 from tests.chart import dockerfile
 from tests.chart.support import locate_tool
+from tests.fixtures.node import built_images
 from tests.fixtures.redis import free_port
 from tests.support.operator import OperatorProcess, deployment_worker_command, wait_for
 from tests.support.processes import ROOT
@@ -261,3 +265,28 @@ def test_worker_image_entrypoint_processes_the_example_tasks(kube_control_plane,
         assert run.returncode == 0, (tmp_path / "run.log").read_text()[-3000:]
     finally:
         q.close()
+
+
+def image_files(archive: Path) -> set[str]:
+    """The paths in every layer of an OCI image archive (tooling/images.sh builds them)."""
+    with tarfile.open(archive) as image:
+        def blob(digest: str) -> bytes:
+            return image.extractfile("blobs/" + digest.replace(":", "/")).read()
+
+        index = json.loads(image.extractfile("index.json").read())
+        manifest = json.loads(blob(index["manifests"][0]["digest"]))
+        names: set[str] = set()
+        for layer in manifest["layers"]:
+            with tarfile.open(fileobj=io.BytesIO(blob(layer["digest"]))) as files:
+                names.update(files.getnames())
+        return names
+
+
+@pytest.mark.parametrize("image", ["worker", "operator"])
+def test_the_images_carry_the_license(image):
+    """Apache-2.0 asks that whoever receives the work gets a copy of the license: the
+    effectmq package in each image carries it (PEP 639: dist-info/licenses/LICENSE)."""
+    (archive,) = [a for a in built_images() if a.stem == image]
+    licenses = [name for name in image_files(archive)
+                if re.search(r"site-packages/effectmq-[^/]+\.dist-info/licenses/LICENSE$", name)]
+    assert licenses, f"no LICENSE in the effectmq package of {archive}"
