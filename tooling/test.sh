@@ -80,15 +80,18 @@ fi
 
 # Two workers (this machine has 2 cores; much of the suite waits on leases and
 # timeouts); a file's tests stay on one worker, so module fixtures are shared.
-# `-n 0` among the arguments runs them in this process.
+# `-n 0` among the arguments runs them in this process. Short tracebacks: a failure
+# shows its line and message, not the whole source of a long test (CI keeps only a
+# part of the output); `--tb=long` among the arguments wins.
+pytest_args=(-n "${EFFECTMQ_TEST_WORKERS:-2}" --dist loadfile --tb=short)
 status=0
-"$venv/bin/python" -m pytest -n "${EFFECTMQ_TEST_WORKERS:-2}" --dist loadfile "$@" || status=$?
+"$venv/bin/python" -m pytest "${pytest_args[@]}" "$@" || status=$?
 if [ "$floor" = 1 ]; then
     say "again against $("$venv_floor/bin/python" -c 'import redis; print("redis-py", redis.__version__)'): ${floor_args[*]}"
-    PATH="$venv_floor/bin:$PATH" "$venv_floor/bin/python" -m pytest -n "${EFFECTMQ_TEST_WORKERS:-2}" --dist loadfile \
-        "${floor_args[@]}" || { floor_status=$?; [ "$status" != 0 ] || status=$floor_status; }
+    PATH="$venv_floor/bin:$PATH" "$venv_floor/bin/python" -m pytest "${pytest_args[@]}" "${floor_args[@]}" \
+        || { floor_status=$?; [ "$status" != 0 ] || status=$floor_status; }
     say "again against $("$redis_floor_bin/redis-server" --version | cut -d' ' -f1-3), not the tests marked redis7: ${floor_args[*]}"
-    PATH="$redis_floor_bin:$PATH" "$venv/bin/python" -m pytest -n "${EFFECTMQ_TEST_WORKERS:-2}" --dist loadfile \
-        -m "not redis7" "${floor_args[@]}" || { floor_status=$?; [ "$status" != 0 ] || status=$floor_status; }
+    PATH="$redis_floor_bin:$PATH" "$venv/bin/python" -m pytest "${pytest_args[@]}" -m "not redis7" "${floor_args[@]}" \
+        || { floor_status=$?; [ "$status" != 0 ] || status=$floor_status; }
 fi
 exit "$status"
