@@ -253,7 +253,11 @@ async def test_a_master_killed_mid_run_every_accepted_task_ends_in_one_terminal_
             assert stats.waiting + stats.delayed + stats.active == 0
         assert states["failed"] == states["canceled"] == 0
         assert states["completed"] == len(before) + len(after)  # one record each, in one state
-        assert all(" failed (" in w.log() for w, name in zip(workers, names) if name in victims)  # it hit them
+        # The kill hit the work: a worker of a queue on that master saw its calls fail. Not
+        # every one need have: one that was idle, or whose calls redis-py retried through
+        # the failover, logs nothing (a CI run under the full suite's load).
+        hit = [w.log() for w, name in zip(workers, names) if name in victims]
+        assert any(" failed (" in log for log in hit), "\n---\n".join(log[-1500:] for log in hit)
 
 
 async def _why_not_drained(queues, workers, victims) -> str:
