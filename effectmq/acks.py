@@ -59,10 +59,10 @@ class LeasesAlong(Protocol):
     def start(self, leases: list["Lease"]) -> None:
         """Run the leases the call gave."""
 
-    def start_late(self, leases: list["Lease"]) -> None:
+    def start_late(self, leases: list["Lease"]) -> list["Lease"]:
         """Run the leases of a call its batch stopped waiting for, as far as free slots
         allow (the batch's attempts may have sent their completions again, and been
-        given leases for the same slots); hand back the rest."""
+        given leases for the same slots); hand back the rest. Returns those it runs."""
 
 MAX_BATCH = 256
 JOIN_TURNS = 3  # a handler with no I/O reaches complete() in two turns of the loop
@@ -216,7 +216,7 @@ class CompletionBatcher:
         if call.cancelled() or call.exception() is not None:
             return  # no reply, so no lease known; one the call may have taken will stall
         _codes, leases = call.result()
-        along.start_late(leases)
+        self.started(along.start_late(leases))
 
     async def _wait_for_wave(self) -> None:
         """Let the attempts expected to finish soon join the batch about to go (module docstring)."""

@@ -136,12 +136,12 @@ class _TakeAlong:
     def start(self, leases: list[Lease]) -> None:
         self.worker._run_leases(leases)
 
-    def start_late(self, leases: list[Lease]) -> None:
+    def start_late(self, leases: list[Lease]) -> list[Lease]:
         room = max(0, self.worker._free_slots())
         for lease in leases[room:]:
             self.worker._release_in_background(lease, "its slot was filled while the call that leased it was late")
-        self.worker._completions.started(leases[:room])
         self.worker._run_leases(leases[:room])
+        return leases[:room]
 
 
 class Worker:

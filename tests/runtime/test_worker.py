@@ -412,8 +412,9 @@ async def test_leases_a_completion_call_brings_after_its_waiters_gave_up_still_r
 
     class Along:
         lock_timeout, in_flight = None, 1
-        reserved = 0
-        started: list = []
+
+        def __init__(self):
+            self.reserved, self.started = 0, []
 
         def wanted(self, completing):
             return completing
@@ -429,6 +430,7 @@ async def test_leases_a_completion_call_brings_after_its_waiters_gave_up_still_r
 
         def start_late(self, leases):
             self.started.extend(leases)
+            return leases
 
     along = Along()
     batcher = effectmq.acks.CompletionBatcher(q.engine, along)
