@@ -157,6 +157,7 @@ class ScheduleController:
         for target in set(self.queues.targets.values()) | {rt.placed for rt in self.runtime.values() if rt.placed}:
             ticker = self._tickers.get(target)
             if ticker is None or ticker.done():
+                log.info("tick passes on %r %s", target, "started" if ticker is None else "restarted")
                 self._tickers[target] = asyncio.create_task(self._tick_loop(target), name=f"ticks {target!r}")
 
     async def _reconcile_key(self, key: Key) -> bool:
@@ -209,6 +210,7 @@ class ScheduleController:
                 if rt.stored != stored:
                     state = await scheduler.put(definition)
                     rt.placed, rt.stored = target, stored
+                    log.info("schedule %s/%s stored in %r", namespace, name, target)
                 else:
                     state = await scheduler.status(definition.id)
                 if state is not None:
@@ -361,15 +363,17 @@ class ScheduleController:
 
     async def _write_progress(self, target: RedisTarget, schedule_ids: list[str], *, throttled: bool) -> None:
         """Write the scheduler's state of these schedules into their status where it
-        differs. A write of a change (`throttled`) starts the MIRROR_EVERY hold; one of
-        a full round does not (a change right after it is written at once)."""
+        differs. A write of a change (`throttled`) that shows a new tick starts the
+        MIRROR_EVERY hold; one of a full round does not (a change right after it is
+        written at once), nor one without a new tick: the first tick after a change
+        that placed or edited the Schedule is shown at once, not 30 s later."""
         scheduler = self.connections.scheduler(target)
         writes = asyncio.Semaphore(MIRROR_WRITES_AT_ONCE)
 
-        async def write(key: Key, rt: ScheduleRuntime, progress: dict) -> None:
+        async def write(key: Key, rt: ScheduleRuntime, progress: dict, ticked: bool) -> None:
             async with writes:
                 written = await self.kube.patch_status("schedules", key[0], key[1], progress)
-            if throttled:
+            if throttled and ticked:
                 rt.mirrored_at = time.monotonic()
             if written is not None:
                 self.schedules.put(written)
@@ -382,9 +386,9 @@ class ScheduleController:
                 body, rt = self.schedules.items.get(key), self.runtime.get(key)
                 if state is None or body is None or rt is None or rt.placed != target:
                     continue  # gone, or moved to another Redis meanwhile
-                progress = schedule_progress(state)
-                if any((body.get("status") or {}).get(k) != v for k, v in progress.items()):
-                    pending.append(write(key, rt, progress))
+                progress, shown = schedule_progress(state), body.get("status") or {}
+                if any(shown.get(k) != v for k, v in progress.items()):
+                    pending.append(write(key, rt, progress, progress["lastTickTime"] != shown.get("lastTickTime")))
             # side by side: one after another, 1,000 changed schedules at 20 ms API latency
             # took 20 s, past the pass's deadline
             failures = [r for r in await asyncio.gather(*pending, return_exceptions=True) if isinstance(r, BaseException)]

@@ -212,8 +212,11 @@ def test_one_stalled_redis_does_not_delay_another_queue(kube_control_plane, kube
                                                                    "activationTasks": 1}))
     wait_for(lambda: is_ready(plane, ns, "queue", "slow"), what="slow Queue Ready")
     wait_for(lambda: is_ready(plane, ns, "queue", "healthy"), what="healthy Queue Ready")
-    wait_for(lambda: (get(plane, ns, "schedule", "slow-ticks").get("status") or {}).get("lastTickTime"),
-             what="ticks on the slow Redis")
+    ticks = lambda: get(plane, ns, "schedule", "slow-ticks").get("status") or {}  # noqa: E731
+    try:
+        wait_for(lambda: ticks().get("lastTickTime"), what="ticks on the slow Redis")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the Schedule's status: {ticks()}") from None
     stalled.proc.send_signal(signal.SIGSTOP)
     try:
         time.sleep(3)  # the stalled Redis' polls and tick passes are now hanging

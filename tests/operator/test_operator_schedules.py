@@ -280,3 +280,39 @@ async def test_a_schedule_the_watch_has_not_reported_is_reconciled_within_second
         apply(plane, ns, schedule_manifest("unreported", "emails", "* * * * * *", timeZone="UTC"))
         await wait_for_async(lambda: ((get(plane, ns, "schedule", "unreported") or {}).get("status") or {})
                              .get("lastTaskId"), timeout=15, what="a tick")
+
+
+async def test_the_first_tick_is_mirrored_at_once_after_a_change_without_one(kube_control_plane, kube_namespace,
+                                                                             effectmq_crds, redis_url):
+    """Was: a Schedule applied right after its Queue could show its first tick only 30 s
+    later (a CI run waited for it in vain). Its tick loop was already running: the
+    mirror copied the change that placed it (no tick yet) into its status, which started
+    the MIRROR_EVERY hold, and the first tick was held back behind it."""
+    plane, ns = kube_control_plane, kube_namespace
+    apply(plane, ns, schedule_manifest("fresh", "emails", "* * * * * *", timeZone="UTC"))  # no operator runs
+    previous = kubernetes.client.Configuration.get_default_copy()
+    kubernetes.config.load_kube_config(config_file=str(plane.kubeconfig))
+    kube = Kube()
+    connections = Connections(kube)
+    controller = ScheduleController(kube, connections, QueueController(kube, connections))
+    try:
+        target = await connections.target(ns, RedisSpec(url=redis_url))
+        scheduler = connections.scheduler(target)
+        await scheduler.redis.delete(scheduler.store.changes_key)
+        body = get(plane, ns, "schedule", "fresh")
+        controller.schedules.put(body)
+        controller.runtime[(ns, "fresh")] = ScheduleRuntime(placed=target)
+        await controller._mirror(target)  # the loop's first round, before the Schedule is stored
+        await scheduler.put(ScheduleSpec.from_json(builders.schedule_spec(ns, "fresh", body["spec"])))
+        await controller._mirror(target)  # the change that placed it: written, no tick in it
+        status = get(plane, ns, "schedule", "fresh").get("status") or {}
+        assert status.get("nextTickTime") and not status.get("lastTickTime"), status
+        await asyncio.sleep(1.1)
+        report = await scheduler.tick()
+        assert any(m.created for m in report.materialized), report
+        await controller._mirror(target)
+        status = get(plane, ns, "schedule", "fresh").get("status") or {}
+        assert status.get("lastTickTime"), f"the first tick was held back: {status}"
+    finally:
+        kubernetes.client.Configuration.set_default(previous)
+        await connections.close()
