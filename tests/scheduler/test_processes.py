@@ -39,7 +39,9 @@ async def test_three_scheduler_processes_materialize_every_tick_exactly_once(red
         for sid, zone in ZONES.items():
             await admin.put(ScheduleSpec(id=sid, queue="ticks", cron="* * * * * *", timezone=zone, task="work",
                                          payload={"schedule": sid}))
-        created = {sid: (await admin.status(sid)).cursor.timestamp() for sid in ZONES}
+        # The first tick expected is the first after the schedule's creation: its cursor may
+        # have passed it already (put settles the schedule at once, a second later under load).
+        created = {sid: (await admin.status(sid)).created_at.timestamp() for sid in ZONES}
         worker = WorkerProcess(redis_url, "ticks", tmp_path, name="worker")
         schedulers = [
             SchedulerProcess(redis_url, "three", tmp_path, name="fast-1"),
