@@ -9,7 +9,6 @@ import json
 import time
 from datetime import datetime, timedelta, timezone
 
-import kubernetes
 import redis
 import yaml
 
@@ -23,7 +22,7 @@ from effectmq_operator.schedules import ScheduleController, ScheduleRuntime
 from effectmq_operator.spec import RedisSpec
 from effectmq_operator.status import schedule_progress
 from tests.operator.test_operator_queues import apply, condition, events, get, queue_manifest
-from tests.support.operator import controllers_fed_by_lists, wait_for, wait_for_async
+from tests.support.operator import controllers_fed_by_lists, default_kubeconfig, wait_for, wait_for_async
 
 FAST_LEASE = {"EFFECTMQ_OPERATOR_LEASE_SECONDS": "3"}
 
@@ -164,72 +163,70 @@ async def test_a_mirror_round_reads_only_the_schedules_that_changed(kube_control
     plane, ns = kube_control_plane, kube_namespace
     daily = _fired_two_hours_ago()
     apply(plane, ns, schedule_manifest("watched", "emails", daily))  # no operator runs: this test is it
-    previous = kubernetes.client.Configuration.get_default_copy()
-    kubernetes.config.load_kube_config(config_file=str(plane.kubeconfig))
-    kube = Kube()
-    connections = Connections(kube)
-    controller = ScheduleController(kube, connections, QueueController(kube, connections))
-    counter = redis_server.client()
-    try:
-        target = await connections.target(ns, RedisSpec(url=redis_url))
-        scheduler = connections.scheduler(target)
-        bodies = [get(plane, ns, "schedule", "watched")] + [
-            {"metadata": {"namespace": ns, "name": f"s{i}", "generation": 1},
-             "spec": {"queueRef": {"name": "emails"}, "schedule": daily, "task": {"name": "work"}}}
-            for i in range(1999)]
-        for body in bodies:
-            name = body["metadata"]["name"]
-            await scheduler.store.put(ScheduleSpec.from_json(builders.schedule_spec(ns, name, body["spec"])))
-        await scheduler.tick()  # settles each new schedule: its next tick
-        for body, state in zip(bodies, await scheduler.statuses([f"{ns}/{b['metadata']['name']}" for b in bodies])):
-            body["status"] = schedule_progress(state)  # as if mirrored before
-            controller.schedules.put(body)
-            controller.runtime[(ns, body["metadata"]["name"])] = ScheduleRuntime(placed=target)
+    with default_kubeconfig(plane.kubeconfig):
+        kube = Kube()
+        connections = Connections(kube)
+        controller = ScheduleController(kube, connections, QueueController(kube, connections))
+        counter = redis_server.client()
+        try:
+            target = await connections.target(ns, RedisSpec(url=redis_url))
+            scheduler = connections.scheduler(target)
+            bodies = [get(plane, ns, "schedule", "watched")] + [
+                {"metadata": {"namespace": ns, "name": f"s{i}", "generation": 1},
+                 "spec": {"queueRef": {"name": "emails"}, "schedule": daily, "task": {"name": "work"}}}
+                for i in range(1999)]
+            for body in bodies:
+                name = body["metadata"]["name"]
+                await scheduler.store.put(ScheduleSpec.from_json(builders.schedule_spec(ns, name, body["spec"])))
+            await scheduler.tick()  # settles each new schedule: its next tick
+            for body, state in zip(bodies, await scheduler.statuses([f"{ns}/{b['metadata']['name']}" for b in bodies])):
+                body["status"] = schedule_progress(state)  # as if mirrored before
+                controller.schedules.put(body)
+                controller.runtime[(ns, body["metadata"]["name"])] = ScheduleRuntime(placed=target)
 
-        before = _redis_calls(counter)
-        await controller._mirror(target)  # the term's full round, a slice per round: nothing differs
-        await controller._mirror(target)
-        assert _redis_calls(counter)["hgetall"] - before.get("hgetall", 0) == 2000
-        assert "status" not in get(plane, ns, "schedule", "watched")  # the registry's copy was current
-        before = _redis_calls(counter)
-        for _ in range(5):
+            before = _redis_calls(counter)
+            await controller._mirror(target)  # the term's full round, a slice per round: nothing differs
             await controller._mirror(target)
-        idle = {k: v - before.get(k, 0) for k, v in _redis_calls(counter).items() if v != before.get(k, 0)}
-        idle.pop("info", None)
-        assert idle == {"zrangebyscore": 5}, f"five idle rounds ran {idle}"
+            assert _redis_calls(counter)["hgetall"] - before.get("hgetall", 0) == 2000
+            assert "status" not in get(plane, ns, "schedule", "watched")  # the registry's copy was current
+            before = _redis_calls(counter)
+            for _ in range(5):
+                await controller._mirror(target)
+            idle = {k: v - before.get(k, 0) for k, v in _redis_calls(counter).items() if v != before.get(k, 0)}
+            idle.pop("info", None)
+            assert idle == {"zrangebyscore": 5}, f"five idle rounds ran {idle}"
 
-        task_id = await _tick_elsewhere(redis_url, f"{ns}/watched")
-        for i in range(5):  # changed by another writer: no resource of theirs exists, nothing is written
-            await scheduler.put(ScheduleSpec.from_json(builders.schedule_spec(ns, f"s{i}", {
-                **bodies[i + 1]["spec"], "schedule": "45 3 * * *"})))
-        before = _redis_calls(counter)
-        await controller._mirror(target)
-        read = _redis_calls(counter)
-        assert read["hgetall"] - before["hgetall"] == 6  # the six that changed, nothing else
-        assert get(plane, ns, "schedule", "watched")["status"]["lastTaskId"] == task_id
-
-        # A change the feed lost (its key restored from an old backup, deleted by hand):
-        # the next full round finds it, and the cursor follows the feed's new numbers.
-        await scheduler.redis.delete(scheduler.store.changes_key)
-        status = await scheduler.put(ScheduleSpec.from_json(builders.schedule_spec(ns, "watched", {
-            **bodies[0]["spec"], "schedule": "59 23 * * *"})))
-        await controller._mirror(target)
-        assert get(plane, ns, "schedule", "watched")["status"]["nextTickTime"] != schedule_progress(status)[
-            "nextTickTime"]  # not seen yet
-        controller._feeds[target].full_at = 0.0  # the full round, due every MIRROR_RESYNC_EVERY
-        for _ in range(3):  # 2,000 schedules: two slices
+            task_id = await _tick_elsewhere(redis_url, f"{ns}/watched")
+            for i in range(5):  # changed by another writer: no resource of theirs exists, nothing is written
+                await scheduler.put(ScheduleSpec.from_json(builders.schedule_spec(ns, f"s{i}", {
+                    **bodies[i + 1]["spec"], "schedule": "45 3 * * *"})))
+            before = _redis_calls(counter)
             await controller._mirror(target)
-        assert get(plane, ns, "schedule", "watched")["status"]["nextTickTime"] == schedule_progress(status)[
-            "nextTickTime"]
-        controller.runtime[(ns, "watched")].mirrored_at = None  # as once MIRROR_EVERY has passed
-        await scheduler.put(ScheduleSpec.from_json(builders.schedule_spec(ns, "watched", bodies[0]["spec"])))
-        await controller._mirror(target)
-        assert get(plane, ns, "schedule", "watched")["status"]["nextTickTime"] != schedule_progress(status)[
-            "nextTickTime"]  # the feed's new numbers are read again
-    finally:
-        kubernetes.client.Configuration.set_default(previous)
-        counter.close()
-        await connections.close()
+            read = _redis_calls(counter)
+            assert read["hgetall"] - before["hgetall"] == 6  # the six that changed, nothing else
+            assert get(plane, ns, "schedule", "watched")["status"]["lastTaskId"] == task_id
+
+            # A change the feed lost (its key restored from an old backup, deleted by hand):
+            # the next full round finds it, and the cursor follows the feed's new numbers.
+            await scheduler.redis.delete(scheduler.store.changes_key)
+            status = await scheduler.put(ScheduleSpec.from_json(builders.schedule_spec(ns, "watched", {
+                **bodies[0]["spec"], "schedule": "59 23 * * *"})))
+            await controller._mirror(target)
+            assert get(plane, ns, "schedule", "watched")["status"]["nextTickTime"] != schedule_progress(status)[
+                "nextTickTime"]  # not seen yet
+            controller._feeds[target].full_at = 0.0  # the full round, due every MIRROR_RESYNC_EVERY
+            for _ in range(3):  # 2,000 schedules: two slices
+                await controller._mirror(target)
+            assert get(plane, ns, "schedule", "watched")["status"]["nextTickTime"] == schedule_progress(status)[
+                "nextTickTime"]
+            controller.runtime[(ns, "watched")].mirrored_at = None  # as once MIRROR_EVERY has passed
+            await scheduler.put(ScheduleSpec.from_json(builders.schedule_spec(ns, "watched", bodies[0]["spec"])))
+            await controller._mirror(target)
+            assert get(plane, ns, "schedule", "watched")["status"]["nextTickTime"] != schedule_progress(status)[
+                "nextTickTime"]  # the feed's new numbers are read again
+        finally:
+            counter.close()
+            await connections.close()
 
 
 def test_a_schedule_whose_ticks_redis_refuses_says_so_and_recovers(kube_control_plane, kube_namespace,
@@ -290,29 +287,27 @@ async def test_the_first_tick_is_mirrored_at_once_after_a_change_without_one(kub
     the MIRROR_EVERY hold, and the first tick was held back behind it."""
     plane, ns = kube_control_plane, kube_namespace
     apply(plane, ns, schedule_manifest("fresh", "emails", "* * * * * *", timeZone="UTC"))  # no operator runs
-    previous = kubernetes.client.Configuration.get_default_copy()
-    kubernetes.config.load_kube_config(config_file=str(plane.kubeconfig))
-    kube = Kube()
-    connections = Connections(kube)
-    controller = ScheduleController(kube, connections, QueueController(kube, connections))
-    try:
-        target = await connections.target(ns, RedisSpec(url=redis_url))
-        scheduler = connections.scheduler(target)
-        await scheduler.redis.delete(scheduler.store.changes_key)
-        body = get(plane, ns, "schedule", "fresh")
-        controller.schedules.put(body)
-        controller.runtime[(ns, "fresh")] = ScheduleRuntime(placed=target)
-        await controller._mirror(target)  # the loop's first round, before the Schedule is stored
-        await scheduler.put(ScheduleSpec.from_json(builders.schedule_spec(ns, "fresh", body["spec"])))
-        await controller._mirror(target)  # the change that placed it: written, no tick in it
-        status = get(plane, ns, "schedule", "fresh").get("status") or {}
-        assert status.get("nextTickTime") and not status.get("lastTickTime"), status
-        await asyncio.sleep(1.1)
-        report = await scheduler.tick()
-        assert any(m.created for m in report.materialized), report
-        await controller._mirror(target)
-        status = get(plane, ns, "schedule", "fresh").get("status") or {}
-        assert status.get("lastTickTime"), f"the first tick was held back: {status}"
-    finally:
-        kubernetes.client.Configuration.set_default(previous)
-        await connections.close()
+    with default_kubeconfig(plane.kubeconfig):
+        kube = Kube()
+        connections = Connections(kube)
+        controller = ScheduleController(kube, connections, QueueController(kube, connections))
+        try:
+            target = await connections.target(ns, RedisSpec(url=redis_url))
+            scheduler = connections.scheduler(target)
+            await scheduler.redis.delete(scheduler.store.changes_key)
+            body = get(plane, ns, "schedule", "fresh")
+            controller.schedules.put(body)
+            controller.runtime[(ns, "fresh")] = ScheduleRuntime(placed=target)
+            await controller._mirror(target)  # the loop's first round, before the Schedule is stored
+            await scheduler.put(ScheduleSpec.from_json(builders.schedule_spec(ns, "fresh", body["spec"])))
+            await controller._mirror(target)  # the change that placed it: written, no tick in it
+            status = get(plane, ns, "schedule", "fresh").get("status") or {}
+            assert status.get("nextTickTime") and not status.get("lastTickTime"), status
+            await asyncio.sleep(1.1)
+            report = await scheduler.tick()
+            assert any(m.created for m in report.materialized), report
+            await controller._mirror(target)
+            status = get(plane, ns, "schedule", "fresh").get("status") or {}
+            assert status.get("lastTickTime"), f"the first tick was held back: {status}"
+        finally:
+            await connections.close()
