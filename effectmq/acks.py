@@ -57,7 +57,8 @@ class LeasesAlong(Protocol):
         """Keep `slots` more reserved (until `returned`) for a call still out."""
 
     def start(self, leases: list["Lease"]) -> None:
-        """Run the leases the call gave."""
+        """Run (or hold, with prefetch) the leases the call gave; it tells `started`
+        when each attempt's handler begins."""
 
     def start_late(self, leases: list["Lease"]) -> list["Lease"]:
         """Run the leases of a call its batch stopped waiting for, as far as free slots
@@ -207,7 +208,6 @@ class CompletionBatcher:
             raise TimeoutError(f"no reply within the batch's earliest lease ({left:.2f}s)")
         along.returned(want - len(settled))
         codes, leases = call.result()
-        self.started(leases)
         along.start(leases)
         return codes, leases
 
@@ -216,7 +216,7 @@ class CompletionBatcher:
         if call.cancelled() or call.exception() is not None:
             return  # no reply, so no lease known; one the call may have taken will stall
         _codes, leases = call.result()
-        self.started(along.start_late(leases))
+        along.start_late(leases)
 
     async def _wait_for_wave(self) -> None:
         """Let the attempts expected to finish soon join the batch about to go (module docstring)."""

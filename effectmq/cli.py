@@ -73,7 +73,7 @@ async def cmd_worker(args) -> int:
     queue = TaskQueue(queue_name, url=args.url, prefix=args.prefix, lock_timeout=args.lock_timeout)
     if isinstance(target, App):
         target.use_queue(queue)
-    worker = Worker(queue, target, concurrency=args.concurrency, lock_timeout=args.lock_timeout,
+    worker = Worker(queue, target, concurrency=args.concurrency, prefetch=args.prefetch, lock_timeout=args.lock_timeout,
                     lock_refresh=args.lock_refresh, drain_timeout=args.drain_timeout,
                     maintenance_interval=args.maintenance_interval, maintenance_batch=args.maintenance_batch,
                     metrics_port=args.metrics_port, loop_block_warning=args.loop_block_warning or None,
@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     _queue_args(w)
     w.add_argument("--concurrency", "-c", type=int, default=env("EFFECTMQ_CONCURRENCY", 10, int),
                    help="attempts in flight per process [EFFECTMQ_CONCURRENCY]")
+    w.add_argument("--prefetch", type=int, default=env("EFFECTMQ_PREFETCH", 0, int),
+                   help="leases held ahead per process, started as handlers return; renewed, and handed "
+                   "back on drain (default 0) [EFFECTMQ_PREFETCH]")
     w.add_argument("--lock-timeout", type=float, default=env("EFFECTMQ_LOCK_TIMEOUT", 30.0, float),
                    help="lease length in seconds [EFFECTMQ_LOCK_TIMEOUT]")
     w.add_argument("--lock-refresh", type=float, default=env("EFFECTMQ_LOCK_REFRESH", None, float),

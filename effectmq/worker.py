@@ -5,11 +5,17 @@ the queue's wake signal (no polling floor). A single heartbeat loop renews every
 in-flight lease in one round trip and interrupts a handler whose ownership can no
 longer be confirmed. SIGTERM drains: no new acquisitions, in-flight attempts get
 `drain_timeout` to finish, the rest are released (not stalled).
+
+With `prefetch` > 0 a worker also holds up to that many leases ahead: their tasks
+start the moment a handler returns, without waiting for its acknowledgement's
+round trip, and the calls that take them are larger. Held leases are renewed like
+running ones and handed back (not stalled) on drain.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import functools
@@ -76,7 +82,7 @@ class TaskContext:
 
 
 class _Attempt:
-    __slots__ = ("lease", "task", "definition", "next_renew", "lost", "releasing", "started")
+    __slots__ = ("lease", "task", "definition", "next_renew", "lost", "releasing", "started", "running")
 
     def __init__(self, lease: Lease, definition: TaskDef | None, next_renew: float):
         self.lease = lease
@@ -86,6 +92,7 @@ class _Attempt:
         self.lost = False  # ownership gone: do not settle
         self.releasing = False  # drain timeout hit: hand the task back
         self.started = time.monotonic()
+        self.running = False  # its handler runs (a held lease has no task yet; a settling one's handler returned)
 
 
 def _handlers_from(source: App | Mapping[str, Any] | None) -> dict[str, TaskDef]:
@@ -112,7 +119,7 @@ class _TakeAlong:
 
     @property
     def in_flight(self) -> int:
-        return self.worker.in_flight
+        return self.worker.in_flight - len(self.worker._held)  # held leases complete nothing soon
 
     def wanted(self, completing: int) -> int:
         # The slots this batch frees (its attempts leave once their outcomes are read),
@@ -146,7 +153,7 @@ class _TakeAlong:
 
 class Worker:
     def __init__(self, queue_or_app: TaskQueue | App, handlers: App | Mapping[str, Any] | None = None, *,
-                 concurrency: int = 10, lock_timeout: float | None = None, lock_refresh: float | None = None,
+                 concurrency: int = 10, prefetch: int = 0, lock_timeout: float | None = None, lock_refresh: float | None = None,
                  drain_timeout: float = 30.0, maintenance_interval: float = 5.0, maintenance_batch: int = 100,
                  idle_poll: float = 5.0, metrics_port: int | None = None, install_signal_handlers: bool = True,
                  name: str | None = None, loop_block_warning: float | None = 1.0):
@@ -166,6 +173,9 @@ class Worker:
         if not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidOption(f"concurrency must be a positive integer, got {concurrency!r}")
         self.concurrency = concurrency
+        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
+            raise InvalidOption(f"prefetch must be a non-negative integer, got {prefetch!r}")
+        self.prefetch = prefetch
         self.lock_timeout = lock_timeout if lock_timeout is not None else self.queue.lock_timeout
         self.lock_refresh = lock_refresh
         if lock_refresh is not None and lock_refresh >= self.lock_timeout:
@@ -185,6 +195,8 @@ class Worker:
         self._attempts: dict[str, _Attempt] = {}  # by lease token: two attempts of one task may meet here
         self._newest: dict[str, _Attempt] = {}  # by task id: its newest attempt here (older ones are interrupted)
         self._asking = 0  # free slots a call now out asks leases for (the acquire loop's or a batch's)
+        self._held: collections.deque[_Attempt] = collections.deque()  # leased ahead, oldest first
+        self._handlers_running = 0
         self._background: set[asyncio.Task] = set()
         self._fatal: BaseException | None = None
         self._last_warning: dict[tuple[str, str], float] = {}
@@ -208,6 +220,7 @@ class Worker:
         if not self._stopping.is_set():
             log.info("worker %s draining (%d in flight)", self.name, len(self._attempts))
         self._stopping.set()
+        self._slot_free.set()  # an acquire loop waiting for a slot ends now
 
     @property
     def in_flight(self) -> int:
@@ -237,8 +250,8 @@ class Worker:
                     asyncio.create_task(self._maintenance_loop(), name="effectmq-maintenance"),
                     asyncio.create_task(self._announce_loop(), name="effectmq-announce"),
                 ]
-                log.info("worker %s serving queue %r at %s with %d handlers, concurrency %d, on %s",
-                         self.name, self._q, self.queue.url, len(self.handlers), self.concurrency,
+                log.info("worker %s serving queue %r at %s with %d handlers, concurrency %d, prefetch %d, on %s",
+                         self.name, self._q, self.queue.url, len(self.handlers), self.concurrency, self.prefetch,
                          type(asyncio.get_running_loop()).__module__)
                 await self._acquire_loop(wake)
                 await self._drain()
@@ -339,7 +352,6 @@ class Worker:
                 backoff = min(backoff * 2, BACKOFF_LIMIT)
                 continue
             self._asking -= free
-            self._completions.started(leases)
             if not self._run_leases(leases):
                 break
             if len(leases) < free:
@@ -347,10 +359,15 @@ class Worker:
                 await self._until_any(wake.event, self._stopping, timeout=sleep)
 
     def _free_slots(self) -> int:
-        """Slots neither running an attempt nor asked for by a call now out."""
-        return self.concurrency - len(self._attempts) - self._asking
+        """Slots (and places to hold leases ahead) neither taken by an attempt nor asked
+        for by a call now out."""
+        return self.concurrency + self.prefetch - len(self._attempts) - self._asking
 
     async def _drain(self) -> None:
+        while self._held:
+            attempt = self._held.popleft()
+            self._forget(attempt)
+            self._release_in_background(attempt.lease, "the worker is stopping")
         if self._attempts:
             pending = [a.task for a in self._attempts.values() if a.task]
             _done, still = await asyncio.wait(pending, timeout=self.drain_timeout)
@@ -360,6 +377,8 @@ class Worker:
                     attempt.task.cancel()
             if still:
                 await asyncio.wait(still, timeout=max(5.0, self.lock_timeout))
+        if self._background:  # hand-backs under way finish before the connections close
+            await asyncio.wait(list(self._background), timeout=HELPER_STOP_TIMEOUT)
 
     @staticmethod
     async def _until(event: asyncio.Event, timeout: float) -> None:
@@ -391,8 +410,7 @@ class Worker:
         return True
 
     def _start(self, lease: Lease) -> None:
-        if time.monotonic() >= lease.confirmed_until - heartbeat.safety_margin(lease.lock_timeout):
-            # The reply came late (a held network, a paused process): never run on a spent lease.
+        if self._spent(lease):  # the reply came late (a held network, a paused process)
             self._release_in_background(lease, "its lease ran out before it could start")
             return
         other = self._newest.get(lease.task_id)
@@ -409,9 +427,44 @@ class Worker:
         self._newest[lease.task_id] = attempt
         if heartbeat.tick(refresh) < self._heartbeat_sleep:  # the heartbeat must wake sooner
             self._new_attempt.set()
+        if self._handlers_running < self.concurrency:
+            self._begin(attempt)
+        else:
+            self._held.append(attempt)  # renewed by the heartbeat until a handler returns
+
+    @staticmethod
+    def _spent(lease: Lease) -> bool:
+        """Never run on a lease that cannot be confirmed for a safety margin more."""
+        return time.monotonic() >= lease.confirmed_until - heartbeat.safety_margin(lease.lock_timeout)
+
+    def _begin(self, attempt: _Attempt) -> None:
+        lease = attempt.lease
+        attempt.running = True
+        attempt.started = time.monotonic()
+        self._handlers_running += 1
+        self._completions.started([lease])  # its handler's time counts from here
         attempt.task = asyncio.create_task(self._run_attempt(attempt))
-        label = lease.name if definition else UNKNOWN_TASK_LABEL
-        self._metrics.started(label)
+        self._metrics.started(lease.name if attempt.definition else UNKNOWN_TASK_LABEL)
+
+    def _handler_returned(self, attempt: _Attempt) -> None:
+        """Its slot runs the oldest held lease at once (its acknowledgement is still out)."""
+        if not attempt.running:
+            return
+        attempt.running = False
+        self._handlers_running -= 1
+        while self._held and self._handlers_running < self.concurrency and not self._stopping.is_set():
+            held = self._held.popleft()
+            if self._spent(held.lease):  # the heartbeat could not renew it
+                self._forget(held)
+                self._release_in_background(held.lease, "its lease ran out while it was held")
+            else:
+                self._begin(held)
+
+    def _forget(self, attempt: _Attempt) -> None:
+        self._attempts.pop(attempt.lease.token, None)
+        if self._newest.get(attempt.lease.task_id) is attempt:
+            del self._newest[attempt.lease.task_id]
+        self._slot_free.set()
 
     def _release_in_background(self, lease: Lease, why: str) -> None:
         log.warning("task %s (attempt %d) not started: %s; releasing it", lease.task_id, lease.attempt, why)
@@ -438,10 +491,8 @@ class Worker:
         except Exception:  # never let one attempt take the worker down
             log.exception("unexpected error settling task %s", lease.task_id)
         finally:
-            self._attempts.pop(lease.token, None)
-            if self._newest.get(lease.task_id) is attempt:
-                del self._newest[lease.task_id]
-            self._slot_free.set()
+            self._handler_returned(attempt)  # when it never ran (bad input, no handler, interrupted)
+            self._forget(attempt)
             self.processed += 1
             self._metrics.settled(label, outcome, time.monotonic() - attempt.started)
 
@@ -464,11 +515,14 @@ class Worker:
             return await self._fail(lease, ErrorInfo(DEFECT, str(exc)), definition, retryable=False)
         timeout = lease.options.get("timeout") or definition.timeout
         try:
-            if timeout is None:
-                result = await self._call(definition, payload, lease)
-            else:
-                async with asyncio.timeout(timeout) as deadline:
+            try:
+                if timeout is None:
                     result = await self._call(definition, payload, lease)
+                else:
+                    async with asyncio.timeout(timeout) as deadline:
+                        result = await self._call(definition, payload, lease)
+            finally:
+                self._handler_returned(attempt)
         except asyncio.CancelledError:
             raise
         except TimeoutError as exc:
@@ -592,8 +646,8 @@ class Worker:
         now = time.monotonic()
         due: list[_Attempt] = []
         for attempt in list(self._attempts.values()):
-            if attempt.lost or attempt.task is None or attempt.task.done():
-                continue
+            if attempt.lost or (attempt.task is not None and attempt.task.done()):
+                continue  # a held attempt (no task yet) is renewed like a running one
             lease = attempt.lease
             action = heartbeat.decide(now, attempt.next_renew, lease.confirmed_until,
                                       heartbeat.safety_margin(lease.lock_timeout))
@@ -630,9 +684,13 @@ class Worker:
         if attempt.lost:
             return
         attempt.lost = True
+        if attempt.task is None:  # held, never started: nothing runs, the lease is let go
+            log.warning("dropping held task %s (%s): %s", attempt.lease.task_id, attempt.lease.name, why)
+            self._held.remove(attempt)
+            self._forget(attempt)
+            return
         log.warning("interrupting task %s (%s): %s", attempt.lease.task_id, attempt.lease.name, why)
-        if attempt.task is not None:
-            attempt.task.cancel()
+        attempt.task.cancel()
 
     async def _maintenance_loop(self) -> None:
         """Sweeps paced by what they find (maintenance.Pacing): every interval on a quiet

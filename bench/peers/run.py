@@ -74,6 +74,8 @@ VARIANTS = [
     # EffectMQ settings experiments, never counted as peers: run with --only effectmq-noevents ...
     Variant("effectmq-noevents", "effectmq", {"events_maxlen": 0}, "events stream off (events_maxlen=0)",
             default=False),
+    Variant("effectmq-prefetch", "effectmq", {"prefetch": 10}, "prefetch 10: holds the in-flight budget again ahead",
+            default=False),
 ]
 
 
@@ -333,13 +335,13 @@ def compare(rows: list[dict], processes: int, concurrency: int) -> None:
 
 
 def against_baselines(rows: list[dict]) -> list[dict]:
-    """effectmq (this checkout) over each effectmq@REV of the same workload: <1 is less work."""
+    """Each EffectMQ variant of this checkout over each effectmq@REV of the same workload: <1 is less work."""
     out = []
-    for new in (r for r in rows if r["variant"] == "effectmq"):
+    for new in (r for r in rows if r["variant"].startswith("effectmq") and not r.get("commit")):
         for old in (r for r in rows if r["workload"] == new["workload"] and r.get("commit")):
             def ratio(key: str):
                 return new[key] / old[key] if new.get(key) is not None and old.get(key) else None
-            out.append({"workload": new["workload"], "baseline": old["variant"],
+            out.append({"workload": new["workload"], "variant": new["variant"], "baseline": old["variant"],
                         "redis_cpu_per_job": ratio("redis_cpu_us_per_job"),
                         "redis_cpu_per_job_excl_handler": ratio("redis_cpu_us_per_job_excl_handler"),
                         "redis_commands_per_job": ratio("redis_commands_per_job"),
@@ -357,7 +359,7 @@ def baseline_lines(ratios: list[dict], workload: str) -> list[str]:
         parts += [f"cmds/job x{fmt(r['redis_commands_per_job'], '.2f')}", f"jobs/s x{fmt(r['jobs_per_s'], '.2f')}"]
         if r["memory_per_waiting_task"] is not None:
             parts.append(f"memory/waiting task x{r['memory_per_waiting_task']:.2f}")
-        lines.append(f"effectmq against {r['baseline']}: " + ", ".join(parts))
+        lines.append(f"{r['variant']} against {r['baseline']}: " + ", ".join(parts))
     return lines
 
 

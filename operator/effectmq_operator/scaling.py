@@ -8,10 +8,10 @@ Used by the operator for Deployments and by the local runner for processes.
   up       at once, but at most max(2x, +4) replicas per decision
   down     to the highest target seen during scaleDownStabilizationSeconds
   -> 0     only after demand stayed 0 for cooldownSeconds
-  never    below the replicas in-flight work needs: ceil(active / concurrency), and
+  never    below the replicas in-flight work needs: ceil(active / leases per replica), and
            the number of worker processes that still hold leases
   paused   down to minReplicas at once (busy workers are kept until they drain)
-  cap      never above maxReplicas, nor ceil(maxActive / concurrency) when maxActive is set
+  cap      never above maxReplicas, nor ceil(maxActive / leases per replica) when maxActive is set
   reason   describes the final decision, after every clamp
 """
 
@@ -30,7 +30,7 @@ class ScalingSpec:
     poll_interval: float = 10.0
     scale_down_stabilization: float = 300.0
     cooldown: float = 300.0
-    concurrency: int = 10  # attempts per replica: how many replicas in-flight work occupies
+    concurrency: int = 10  # leases per replica (its concurrency and prefetch): how many replicas in-flight work occupies
     paused: bool = False  # a paused queue needs only minReplicas (busy workers are kept until they drain)
     replica_cap: int | None = None  # from maxActive: more replicas than this would only idle
 

@@ -34,6 +34,7 @@ QUEUE_DEFAULTS: dict[str, Any] = {
     "retention.completedSeconds": 86400,
     "retention.failedSeconds": 604800,
     "worker.concurrency": 10,
+    "worker.prefetch": 0,
     "worker.terminationGracePeriodSeconds": 60,
     "worker.progressDeadlineSeconds": 600,
     "scaling": {},
@@ -88,11 +89,17 @@ class WorkerSpec:
     image: str
     handlers: str
     concurrency: int = 10
+    prefetch: int = 0  # leases a pod holds ahead of its running attempts
     env: tuple[dict, ...] = ()
     resources: dict = field(default_factory=dict)
     termination_grace_seconds: int = 60
     progress_deadline_seconds: int = 600
     pod_template: dict = field(default_factory=dict)
+
+
+def leases_per_pod(worker: WorkerSpec | None) -> int:
+    """The leases one worker pod takes: its running attempts and those it holds ahead."""
+    return worker.concurrency + worker.prefetch if worker else 1
 
 
 @dataclass(frozen=True)
@@ -113,10 +120,10 @@ class QueueSpec:
 
     @property
     def replica_cap(self) -> int | None:
-        """maxActive bounds useful replicas: more pods than ceil(maxActive / concurrency) would idle."""
+        """maxActive bounds useful replicas: more pods than ceil(maxActive / leases per pod) would idle."""
         if self.max_active <= 0:
             return None
-        return math.ceil(self.max_active / (self.worker.concurrency if self.worker else 1))
+        return math.ceil(self.max_active / leases_per_pod(self.worker))
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any] | None, name: str = "") -> "QueueSpec":
@@ -146,13 +153,14 @@ class QueueSpec:
                 raise InvalidSpec("spec.worker.env: a list of EnvVar objects, each with a name")
             worker = WorkerSpec(
                 image=image, handlers=handlers, concurrency=w.int("concurrency", minimum=1),
+                prefetch=w.int("prefetch", minimum=0),
                 env=tuple(dict(e) for e in env), resources=dict(w.raw("resources") or {}),
                 termination_grace_seconds=w.int("terminationGracePeriodSeconds"),
                 progress_deadline_seconds=w.int("progressDeadlineSeconds", minimum=1),
                 pod_template=dict(w.raw("podTemplate") or {}),
             )
         sc = s.section("scaling")
-        concurrency = worker.concurrency if worker else 1
+        concurrency = leases_per_pod(worker)
         max_active = s.int("maxActive")
         scaling = ScalingSpec(
             min_replicas=sc.int("minReplicas"), max_replicas=sc.int("maxReplicas"),

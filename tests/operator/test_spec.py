@@ -37,6 +37,13 @@ def test_max_active_caps_the_replicas():
     assert spec.scaling.replica_cap == 3 and spec.scaling.upper == 3
 
 
+def test_prefetched_leases_count_toward_the_replicas_in_flight_work_occupies():
+    worker = {"image": "w", "handlers": "a:b", "concurrency": 8, "prefetch": 8}
+    spec = QueueSpec.parse({**MINIMAL, "maxActive": 20, "worker": worker})
+    assert spec.worker.prefetch == 8
+    assert spec.scaling.concurrency == 16 and spec.replica_cap == spec.scaling.replica_cap == 2
+
+
 @pytest.mark.parametrize("spec, name, message", [
     ({}, "q", "exactly one of url and urlFrom"),
     ({"redis": {"url": "redis://r", "urlFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}}, "q", "exactly one"),
@@ -46,6 +53,7 @@ def test_max_active_caps_the_replicas():
     ({**MINIMAL, "scaling": {"minReplicas": 3, "maxReplicas": 2}}, "q", "minReplicas must be less"),
     ({**MINIMAL, "lockTimeoutSeconds": 5, "lockRefreshSeconds": 5}, "q", "lockRefreshSeconds must be less"),
     ({**MINIMAL, "maxActive": "lots"}, "q", "spec.maxActive: must be an integer"),
+    ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "prefetch": -1}}, "q", r"spec.worker.prefetch: must be >= 0"),
     (MINIMAL, "x" * (MAX_QUEUE_NAME + 1), "at most 63 characters"),
 ])
 def test_invalid_specs_name_the_field(spec, name, message):

@@ -479,3 +479,101 @@ async def test_late_leases_start_only_in_free_slots_and_the_rest_go_back_waiting
     assert info.stalled_attempt_count == 0
     release.set()
     await asyncio.gather(*(a.task for a in list(worker._attempts.values())), return_exceptions=True)
+
+
+# -- prefetch: leases held ahead ------------------------------------------------
+
+
+async def test_prefetch_holds_leases_ahead_renews_them_and_runs_them_as_handlers_return(make_queue):
+    # Held leases are renewed like running ones: held three lock timeouts, none stalls
+    # (the worker's own maintenance would recover an expired one), and never more than
+    # `concurrency` handlers run at once.
+    q = make_queue("prefetch", lock_timeout=0.4)
+    release = asyncio.Event()
+    running_now, peak, order = 0, 0, []
+
+    async def job(payload):
+        nonlocal running_now, peak
+        running_now += 1
+        peak = max(peak, running_now)
+        order.append(payload)
+        await release.wait()
+        running_now -= 1
+
+    await q.offer_many([("job", i, {"task_id": f"p{i}"}) for i in range(6)])
+    worker = make_worker(q, {"job": job}, concurrency=2, prefetch=2)
+    async with running(worker):
+        async with asyncio.timeout(5):
+            while worker.in_flight < 4:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(1.2)  # three lock timeouts: the held leases live on renewals alone
+        stats = await q.stats()
+        assert (stats.active, stats.waiting) == (4, 2), "two run, two are held, two wait"
+        assert (running_now, len(order)) == (2, 2)
+        release.set()
+        infos = [await settled(q, f"p{i}") for i in range(6)]
+    assert peak == 2
+    assert sorted(order) == list(range(6))
+    assert [(i.state, i.attempt, i.stalled_attempt_count) for i in infos] == [("completed", 1, 0)] * 6
+
+
+async def test_drain_hands_held_leases_back_without_a_stall(make_queue):
+    q = make_queue("prefetch-drain")
+    entered = asyncio.Event()
+
+    async def job(payload):
+        entered.set()
+        await asyncio.sleep(0.3)
+
+    await q.offer_many([("job", i, {"task_id": t}) for i, t in enumerate(("run", "held1", "held2"))])
+    worker = make_worker(q, {"job": job}, concurrency=1, prefetch=2)
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(entered.wait(), 5)
+    async with asyncio.timeout(5):
+        while worker.in_flight < 3:
+            await asyncio.sleep(0.01)
+    worker.stop()
+    await asyncio.wait_for(task, 10)
+    ran, *held = [await q.get(i) for i in ("run", "held1", "held2")]
+    assert ran.state == "completed"
+    assert [(h.state, h.stalled_attempt_count, h.handler_failure_count) for h in held] == [("waiting", 0, 0)] * 2
+
+
+async def test_a_held_lease_that_cannot_be_renewed_is_dropped_never_started(tcp_proxy, make_queue):
+    """Connection cut past the safety window: the running handler is interrupted and
+    the held lease let go; neither runs again on this worker's spent leases, and both
+    tasks are recovered later with one stall each."""
+    through_proxy = make_queue("prefetch-cut", url=tcp_proxy.url, lock_timeout=1.0)
+    direct = make_queue("prefetch-cut", lock_timeout=1.0)
+    started, interrupted = [], asyncio.Event()
+
+    async def hold(payload):
+        started.append(payload)
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            interrupted.set()
+            raise
+
+    await direct.offer_many([("hold", t, {"task_id": t}) for t in ("first", "second")])
+    worker = make_worker(through_proxy, {"hold": hold}, concurrency=1, prefetch=1, maintenance_interval=60)
+    async with running(worker):
+        async with asyncio.timeout(5):
+            while worker.in_flight < 2:
+                await asyncio.sleep(0.01)
+        tcp_proxy.cut()
+        await asyncio.wait_for(interrupted.wait(), 5)
+        await asyncio.sleep(0.2)
+        assert worker.in_flight == 0 and started == ["first"], "the held lease was dropped, not started"
+        await asyncio.sleep(1.0)  # both leases ran out
+        report = await direct.maintain()
+        assert report.recovered == 2
+        tcp_proxy.restore()
+    infos = [await direct.get(i) for i in ("first", "second")]
+    assert [(i.stalled_attempt_count, i.handler_failure_count) for i in infos] == [(1, 0)] * 2
+
+
+async def test_prefetch_must_be_a_non_negative_integer(queue):
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(effectmq.InvalidOption, match="prefetch"):
+            effectmq.Worker(queue, {"x": print}, prefetch=bad)
