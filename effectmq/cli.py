@@ -16,8 +16,9 @@ import sys
 from typing import Callable
 
 from .app import App
-from .clitools import URL_HELP, emit, env
+from .clitools import CAST_KINDS, URL_HELP, emit, env
 from .errors import EffectMQError
+from .loops import LOOPS, loop_factory
 from .queue import TaskQueue
 from .worker import Worker
 
@@ -157,24 +158,24 @@ def _simple(action: str) -> Callable:
     return run
 
 
-LOOPS = ("auto", "uvloop", "asyncio")
+class _BadSetting(argparse.ArgumentTypeError, ValueError):
+    """A flag's message for argparse, a ValueError for clitools.env."""
 
 
-def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The event loop `--loop` asks for (None: asyncio's own). uvloop spends less
-    worker CPU per I/O call, the handlers' own I/O included; it is not the default
-    because completions then come back in smaller batches (README, Performance)."""
-    if choice not in LOOPS:  # argparse checks the flag, not the environment's default
-        raise EffectMQError(f"EFFECTMQ_LOOP must be one of {', '.join(LOOPS)}, got {choice!r}")
-    if choice == "asyncio":
+def prefetch_setting(value: str) -> int | None:
+    """--prefetch: "auto" (None) or a non-negative integer."""
+    if value.strip().lower() == "auto":
         return None
     try:
-        import uvloop
-    except ImportError as exc:
-        if choice == "uvloop":
-            raise EffectMQError(f"--loop uvloop: uvloop cannot be imported ({exc})") from None
-        return None
-    return uvloop.new_event_loop
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise _BadSetting(f"prefetch must be auto or a non-negative integer, got {value!r}")
+    return number
+
+
+CAST_KINDS[prefetch_setting] = "auto or a non-negative integer"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -187,9 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     _queue_args(w)
     w.add_argument("--concurrency", "-c", type=int, default=env("EFFECTMQ_CONCURRENCY", 10, int),
                    help="attempts in flight per process [EFFECTMQ_CONCURRENCY]")
-    w.add_argument("--prefetch", type=int, default=env("EFFECTMQ_PREFETCH", 0, int),
-                   help="leases held ahead per process, started as handlers return; renewed, and handed "
-                   "back on drain (default 0) [EFFECTMQ_PREFETCH]")
+    w.add_argument("--prefetch", type=prefetch_setting, default=env("EFFECTMQ_PREFETCH", None, prefetch_setting),
+                   help="leases held ahead per process, started as handlers return: auto (the default: as many "
+                   "as --concurrency while handlers are short), or a number (0: none) [EFFECTMQ_PREFETCH]")
     w.add_argument("--lock-timeout", type=float, default=env("EFFECTMQ_LOCK_TIMEOUT", 30.0, float),
                    help="lease length in seconds [EFFECTMQ_LOCK_TIMEOUT]")
     w.add_argument("--lock-refresh", type=float, default=env("EFFECTMQ_LOCK_REFRESH", None, float),

@@ -6,10 +6,9 @@ in-flight lease in one round trip and interrupts a handler whose ownership can n
 longer be confirmed. SIGTERM drains: no new acquisitions, in-flight attempts get
 `drain_timeout` to finish, the rest are released (not stalled).
 
-With `prefetch` > 0 a worker also holds up to that many leases ahead: their tasks
-start the moment a handler returns, without waiting for its acknowledgement's
-round trip, and the calls that take them are larger. Held leases are renewed like
-running ones and handed back (not stalled) on drain.
+A worker may also hold leases ahead of its running attempts (prefetch.py decides
+how many): their tasks start the moment a handler returns. Held leases are renewed
+like running ones and handed back (not stalled) on drain.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping
 
 from . import codec, heartbeat, maintenance, metrics, protocol
+from .prefetch import Prefetch
 from .acks import CompletionBatcher
 from .app import App, TaskDef
 from .aio import cancel_and_wait
@@ -153,7 +153,7 @@ class _TakeAlong:
 
 class Worker:
     def __init__(self, queue_or_app: TaskQueue | App, handlers: App | Mapping[str, Any] | None = None, *,
-                 concurrency: int = 10, prefetch: int = 0, lock_timeout: float | None = None, lock_refresh: float | None = None,
+                 concurrency: int = 10, prefetch: int | None = None, lock_timeout: float | None = None, lock_refresh: float | None = None,
                  drain_timeout: float = 30.0, maintenance_interval: float = 5.0, maintenance_batch: int = 100,
                  idle_poll: float = 5.0, metrics_port: int | None = None, install_signal_handlers: bool = True,
                  name: str | None = None, loop_block_warning: float | None = 1.0):
@@ -173,9 +173,10 @@ class Worker:
         if not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidOption(f"concurrency must be a positive integer, got {concurrency!r}")
         self.concurrency = concurrency
-        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
-            raise InvalidOption(f"prefetch must be a non-negative integer, got {prefetch!r}")
+        if prefetch is not None and (not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0):
+            raise InvalidOption(f"prefetch must be None (auto) or a non-negative integer, got {prefetch!r}")
         self.prefetch = prefetch
+        self._prefetch = Prefetch(prefetch, concurrency)
         self.lock_timeout = lock_timeout if lock_timeout is not None else self.queue.lock_timeout
         self.lock_refresh = lock_refresh
         if lock_refresh is not None and lock_refresh >= self.lock_timeout:
@@ -250,8 +251,9 @@ class Worker:
                     asyncio.create_task(self._maintenance_loop(), name="effectmq-maintenance"),
                     asyncio.create_task(self._announce_loop(), name="effectmq-announce"),
                 ]
-                log.info("worker %s serving queue %r at %s with %d handlers, concurrency %d, prefetch %d, on %s",
-                         self.name, self._q, self.queue.url, len(self.handlers), self.concurrency, self.prefetch,
+                log.info("worker %s serving queue %r at %s with %d handlers, concurrency %d, prefetch %s, on %s",
+                         self.name, self._q, self.queue.url, len(self.handlers), self.concurrency,
+                         self._prefetch.describe(),
                          type(asyncio.get_running_loop()).__module__)
                 await self._acquire_loop(wake)
                 await self._drain()
@@ -361,7 +363,7 @@ class Worker:
     def _free_slots(self) -> int:
         """Slots (and places to hold leases ahead) neither taken by an attempt nor asked
         for by a call now out."""
-        return self.concurrency + self.prefetch - len(self._attempts) - self._asking
+        return self.concurrency + self._prefetch.ahead() - len(self._attempts) - self._asking
 
     async def _drain(self) -> None:
         while self._held:
@@ -452,6 +454,7 @@ class Worker:
             return
         attempt.running = False
         self._handlers_running -= 1
+        self._prefetch.returned(time.monotonic() - attempt.started)
         while self._held and self._handlers_running < self.concurrency and not self._stopping.is_set():
             held = self._held.popleft()
             if self._spent(held.lease):  # the heartbeat could not renew it
@@ -644,6 +647,10 @@ class Worker:
 
     async def _heartbeat_once(self) -> None:
         now = time.monotonic()
+        for attempt in [a for a in self._held if self._prefetch.hand_back(now - a.started)]:
+            self._held.remove(attempt)
+            self._forget(attempt)
+            self._release_in_background(attempt.lease, f"held {now - attempt.started:.1f} s without a free slot")
         due: list[_Attempt] = []
         for attempt in list(self._attempts.values()):
             if attempt.lost or (attempt.task is not None and attempt.task.done()):

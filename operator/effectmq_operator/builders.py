@@ -71,7 +71,7 @@ def worker_env(namespace: str, name: str, spec: QueueSpec) -> list[dict[str, Any
         {"name": "EFFECTMQ_METRICS_PORT", "value": str(METRICS_PORT)},
         {"name": "EFFECTMQ_WORKER_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
-    if worker.prefetch:  # only when set: a new variable would roll every existing Deployment
+    if worker.prefetch is not None:  # only when set: a new variable would roll every existing Deployment
         env.append({"name": "EFFECTMQ_PREFETCH", "value": str(worker.prefetch)})
     tls = spec.redis.tls
     if tls.enabled:

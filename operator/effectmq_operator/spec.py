@@ -34,7 +34,6 @@ QUEUE_DEFAULTS: dict[str, Any] = {
     "retention.completedSeconds": 86400,
     "retention.failedSeconds": 604800,
     "worker.concurrency": 10,
-    "worker.prefetch": 0,
     "worker.terminationGracePeriodSeconds": 60,
     "worker.progressDeadlineSeconds": 600,
     "scaling": {},
@@ -89,7 +88,7 @@ class WorkerSpec:
     image: str
     handlers: str
     concurrency: int = 10
-    prefetch: int = 0  # leases a pod holds ahead of its running attempts
+    prefetch: int | None = None  # leases a pod holds ahead of its running attempts; None: the worker's auto
     env: tuple[dict, ...] = ()
     resources: dict = field(default_factory=dict)
     termination_grace_seconds: int = 60
@@ -98,8 +97,11 @@ class WorkerSpec:
 
 
 def leases_per_pod(worker: WorkerSpec | None) -> int:
-    """The leases one worker pod takes: its running attempts and those it holds ahead."""
-    return worker.concurrency + worker.prefetch if worker else 1
+    """The leases one worker pod surely takes when busy: its running attempts and those
+    it is told to hold ahead (auto holds none while handlers are long, so none counts:
+    the in-flight floor then errs towards more pods, and maxActive's cap never halves
+    the pods long handlers need)."""
+    return worker.concurrency + (worker.prefetch or 0) if worker else 1
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,7 @@ class QueueSpec:
                 raise InvalidSpec("spec.worker.env: a list of EnvVar objects, each with a name")
             worker = WorkerSpec(
                 image=image, handlers=handlers, concurrency=w.int("concurrency", minimum=1),
-                prefetch=w.int("prefetch", minimum=0),
+                prefetch=None if w.raw("prefetch") is None else w.int("prefetch", minimum=0),
                 env=tuple(dict(e) for e in env), resources=dict(w.raw("resources") or {}),
                 termination_grace_seconds=w.int("terminationGracePeriodSeconds"),
                 progress_deadline_seconds=w.int("progressDeadlineSeconds", minimum=1),

@@ -29,10 +29,11 @@ def test_worker_deployment_runs_the_queue_handlers():
     assert env["EFFECTMQ_QUEUE"]["value"] == "shop/emails"
     assert env["EFFECTMQ_REDIS_URL"]["value"] == QUEUE["spec"]["redis"]["url"]
     assert env["EFFECTMQ_CONCURRENCY"]["value"] == "16"
-    assert "EFFECTMQ_PREFETCH" not in env  # unset: no new variable rolls existing Deployments
-    with_prefetch = {**QUEUE["spec"], "worker": {**QUEUE["spec"]["worker"], "prefetch": 4}}
-    assert env_of(builders.worker_deployment("shop", "emails", QueueSpec.parse(with_prefetch), 3, owner=OWNER)
-                  )["EFFECTMQ_PREFETCH"]["value"] == "4"
+    assert "EFFECTMQ_PREFETCH" not in env  # unset (auto): no new variable rolls existing Deployments
+    for prefetch in (0, 4):
+        with_prefetch = {**QUEUE["spec"], "worker": {**QUEUE["spec"]["worker"], "prefetch": prefetch}}
+        assert env_of(builders.worker_deployment("shop", "emails", QueueSpec.parse(with_prefetch), 3, owner=OWNER)
+                      )["EFFECTMQ_PREFETCH"]["value"] == str(prefetch)
     assert env["LOG_LEVEL"]["value"] == "info"  # the user's variables are kept
     assert int(env["EFFECTMQ_DRAIN_TIMEOUT"]["value"]) < pod["terminationGracePeriodSeconds"]
     ref = d["metadata"]["ownerReferences"][0]

@@ -42,6 +42,9 @@ def test_prefetched_leases_count_toward_the_replicas_in_flight_work_occupies():
     spec = QueueSpec.parse({**MINIMAL, "maxActive": 20, "worker": worker})
     assert spec.worker.prefetch == 8
     assert spec.scaling.concurrency == 16 and spec.replica_cap == spec.scaling.replica_cap == 2
+    auto = QueueSpec.parse({**MINIMAL, "maxActive": 20, "worker": {**worker, "prefetch": None}})
+    assert auto.worker.prefetch is None  # the worker's auto: it holds none while handlers are long
+    assert auto.scaling.concurrency == 8 and auto.replica_cap == 3
 
 
 @pytest.mark.parametrize("spec, name, message", [

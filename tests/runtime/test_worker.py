@@ -7,6 +7,7 @@ import pytest
 import redis.asyncio
 
 import effectmq
+from effectmq import prefetch
 from tests.support.inprocess import make_worker, running, settled, until_drained
 
 
@@ -574,6 +575,44 @@ async def test_a_held_lease_that_cannot_be_renewed_is_dropped_never_started(tcp_
 
 
 async def test_prefetch_must_be_a_non_negative_integer(queue):
-    for bad in (-1, 1.5, True, "2"):
+    for bad in (-1, 1.5, True, "2", "auto"):
         with pytest.raises(effectmq.InvalidOption, match="prefetch"):
             effectmq.Worker(queue, {"x": print}, prefetch=bad)
+
+
+async def test_auto_prefetch_holds_leases_only_while_handlers_are_short(make_queue):
+    # auto (the default): none held before a handler returned; as many as concurrency
+    # once handlers are short; a lease held past HOLD_AT_MOST behind slow handlers goes
+    # back (no stall) and holding stops, so it is not taken again at once.
+    q = make_queue("prefetch-auto")
+    gate = asyncio.Event()
+
+    async def job(payload):
+        if payload == "block":
+            await gate.wait()
+
+    async def active_settles_at(count, within):
+        async with asyncio.timeout(within):
+            while (await q.stats()).active != count:
+                await asyncio.sleep(0.02)
+
+    await q.offer_many([("job", "block")] * 3)
+    worker = make_worker(q, {"job": job}, concurrency=2)
+    assert worker.prefetch is None
+    async with running(worker):
+        await active_settles_at(2, 5)
+        await asyncio.sleep(0.3)
+        assert (await q.stats()).active == 2, "nothing is held before a handler returned"
+        gate.set()
+        await asyncio.wait_for(until_drained(q), 5)
+        gate.clear()
+        await q.offer_many([("job", "quick")] * 40)
+        await asyncio.wait_for(until_drained(q), 5)
+        await q.offer_many([("job", "block", {"task_id": f"b{i}"}) for i in range(6)])
+        await active_settles_at(4, 5)  # two run, two are held
+        await active_settles_at(2, 2 * prefetch.HOLD_AT_MOST + 2)  # handed back
+        await asyncio.sleep(0.5)
+        assert (await q.stats()).active == 2, "holding stopped while handlers are slow"
+        gate.set()
+        infos = [await settled(q, f"b{i}") for i in range(6)]
+    assert [(i.state, i.stalled_attempt_count) for i in infos] == [("completed", 0)] * 6
