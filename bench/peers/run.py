@@ -60,7 +60,7 @@ class Variant:
 
 
 VARIANTS = [
-    Variant("effectmq", "effectmq", {}, "this checkout, leases + heartbeats + fencing on"),
+    Variant("effectmq", "effectmq", {}, "this checkout, leases + heartbeats + fencing on, prefetch auto"),
     Variant("taskiq", "taskiq", {}, "taskiq-redis streams, xread_count 100 (default)"),
     Variant("taskiq-x10", "taskiq", {"xread_count": 10}, "claims at most the in-flight budget per read"),
     Variant("saq", "saq", {}, ""),
@@ -74,7 +74,7 @@ VARIANTS = [
     # EffectMQ settings experiments, never counted as peers: run with --only effectmq-noevents ...
     Variant("effectmq-noevents", "effectmq", {"events_maxlen": 0}, "events stream off (events_maxlen=0)",
             default=False),
-    Variant("effectmq-prefetch", "effectmq", {"prefetch": 10}, "prefetch 10: holds the in-flight budget again ahead",
+    Variant("effectmq-p0", "effectmq", {"prefetch": 0}, "prefetch 0: holds no lease ahead (auto is the default)",
             default=False),
 ]
 

@@ -66,4 +66,4 @@ class Adapter(Base):
     def options_summary(self) -> dict:
         return {"concurrency": self.s.concurrency, "retention_completed": 0, "lock_timeout": 30,
                 "events_maxlen": S.options.get("events_maxlen", "default (10000)"),
-                "prefetch": S.options.get("prefetch", 0)}
+                "prefetch": S.options.get("prefetch", "auto")}
