@@ -8,7 +8,9 @@ held task only waits for a slot that another worker might have given it at once.
 `auto` (the default) holds `concurrency` leases ahead while handlers usually return
 within AUTO_BELOW, none before the first has returned, and hands back a lease held
 for HOLD_AT_MOST (a slow handler kept every slot): holding then stops until handlers
-are short again. A fixed number holds that many, always (Celery's prefetch).
+are short again. Nor does it hold any while the queue has a maxActive: a held lease
+would take the budget of one another worker could run. A fixed number holds that
+many, always (Celery's prefetch).
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ class Prefetch:
         self.setting = setting  # None: auto
         self.concurrency = concurrency
         self.usual: float | None = None  # the usual handler time; None until one returned
+        self.capped = False  # the queue has a maxActive
 
     def ahead(self) -> int:
         """How many leases to hold ahead now."""
         if self.setting is not None:
             return self.setting
-        if self.usual is None or self.usual >= AUTO_BELOW:
+        if self.capped or self.usual is None or self.usual >= AUTO_BELOW:
             return 0
         return self.concurrency
 

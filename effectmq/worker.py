@@ -245,6 +245,7 @@ class Worker:
         try:
             if await self._wait_for_redis():
                 await self._check_eviction()
+                await self._read_settings()
                 wake = await self.queue.wake_signal().start()
                 helpers = [
                     asyncio.create_task(self._heartbeat_loop(), name="effectmq-heartbeat"),
@@ -304,6 +305,17 @@ class Worker:
         warning = eviction_warning(policy)
         if warning:
             log.warning("worker %s, queue %r at %s: %s", self.name, self._q, self.queue.url, warning)
+
+    async def _read_settings(self) -> None:
+        """The queue's stored settings before the first lease (maintenance refreshes them)."""
+        try:
+            self._adopt(await asyncio.wait_for(self.queue.refresh_settings(), STARTUP_PING_TIMEOUT))
+        except (asyncio.TimeoutError, RedisUnavailable, RedisRefused) as exc:
+            log.debug("queue settings not read at start: %s", exc)
+
+    def _adopt(self, settings: Mapping[str, Any]) -> None:
+        # Under maxActive a held lease would take the budget of one that could run.
+        self._prefetch.capped = bool(settings.get("max_active"))
 
     def _set_ready(self, ready: bool) -> None:
         self.ready = ready
@@ -727,7 +739,7 @@ class Worker:
 
     async def _maintain_once(self, budget: float, bookkeeping: bool) -> MaintenanceReport:
         if bookkeeping:
-            await self.queue.refresh_settings()
+            self._adopt(await self.queue.refresh_settings())
         report = await self.queue.sweep(batch=self.maintenance_batch, budget=budget)
         if report.recovered:
             metrics.STALLS.labels(self._q, "recovered").inc(report.recovered)

@@ -241,6 +241,10 @@ INVALID = {
         manifest(QUEUE, redis={"tls": {"enabled": True}}),
         ["exactly one of redis.url and redis.urlFrom must be set"],
     ),
+    "negative-prefetch": (
+        manifest(QUEUE, worker={"image": "w", "handlers": "a:b", "prefetch": -1}),
+        ["spec.worker.prefetch", "should be greater than or equal to 0"],
+    ),
     "worker-without-image": (
         manifest(QUEUE, worker={"handlers": "a:b"}),
         ["spec.worker.image: Required value"],

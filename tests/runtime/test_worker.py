@@ -616,3 +616,27 @@ async def test_auto_prefetch_holds_leases_only_while_handlers_are_short(make_que
         gate.set()
         infos = [await settled(q, f"b{i}") for i in range(6)]
     assert [(i.state, i.stalled_attempt_count) for i in infos] == [("completed", 0)] * 6
+
+
+async def test_auto_prefetch_holds_nothing_under_max_active(make_queue):
+    # Held leases count toward max_active: auto would let one worker take the budget
+    # of attempts another could run, so under max_active it holds none.
+    q = make_queue("prefetch-capped")
+    await q.configure(max_active=10)
+    gate = asyncio.Event()
+
+    async def job(payload):
+        if payload == "block":
+            await gate.wait()
+
+    await q.offer_many([("job", "quick")] * 40)
+    async with running(make_worker(q, {"job": job}, concurrency=2)):
+        await asyncio.wait_for(until_drained(q), 5)
+        await q.offer_many([("job", "block")] * 6)
+        seen = set()
+        for _ in range(25):
+            seen.add((await q.stats()).active)
+            await asyncio.sleep(0.02)
+        gate.set()
+        await asyncio.wait_for(until_drained(q), 5)
+    assert max(seen) == 2, f"active counts seen: {sorted(seen)}"
