@@ -25,7 +25,7 @@ class PreciseEpollSelector(selectors.EpollSelector):
     def select(self, timeout: float | None = None):
         if timeout is not None and timeout > 0:
             try:
-                select.select([self._selector.fileno()], [], [], timeout)  # ready or timed out
+                select.select([self.fileno()], [], [], timeout)  # the epoll descriptor: ready or timed out
             except ValueError:  # a descriptor above FD_SETSIZE: epoll's millisecond wait
                 return super().select(timeout)
             timeout = 0

@@ -76,6 +76,8 @@ VARIANTS = [
             default=False),
     Variant("effectmq-p0", "effectmq", {"prefetch": 0}, "prefetch 0: holds no lease ahead (auto is the default)",
             default=False),
+    Variant("effectmq-uvloop", "effectmq", {"loop": "uvloop"}, "--loop uvloop (asyncio's loop is the default)",
+            default=False),
 ]
 
 

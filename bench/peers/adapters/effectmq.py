@@ -35,7 +35,8 @@ class Adapter(Base):
     def worker_command(self, slot: int) -> list[str]:
         return [sys.executable, "-m", "effectmq", "worker", "bench.peers.adapters.effectmq:app",
                 "--queue", self.s.queue, "--url", self.s.url, "--concurrency", str(self.s.concurrency),
-                "--log-level", "WARNING", *(["--prefetch", str(S.options["prefetch"])] if "prefetch" in S.options else [])]
+                "--log-level", "WARNING", *(["--prefetch", str(S.options["prefetch"])] if "prefetch" in S.options else []),
+                *(["--loop", S.options["loop"]] if "loop" in S.options else [])]
 
     async def setup(self) -> None:
         settings = {"retention_completed": 0}
@@ -66,4 +67,4 @@ class Adapter(Base):
     def options_summary(self) -> dict:
         return {"concurrency": self.s.concurrency, "retention_completed": 0, "lock_timeout": 30,
                 "events_maxlen": S.options.get("events_maxlen", "default (10000)"),
-                "prefetch": S.options.get("prefetch", "auto")}
+                "prefetch": S.options.get("prefetch", "auto"), "loop": S.options.get("loop", "asyncio")}
