@@ -41,9 +41,9 @@ def precise_event_loop() -> asyncio.AbstractEventLoop:
 
 def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop]:
     """The event loop `--loop` asks for. uvloop spends less worker CPU per I/O call,
-    the handlers' own I/O included; it is not the default because completions then
-    come back in smaller batches (README, Performance), and its timers count whole
-    milliseconds."""
+    the handlers' own I/O included; it is not the default: before prefetch its
+    completions came back in smaller batches, and the rounds since are too few
+    (README, Performance)."""
     if choice not in LOOPS:  # argparse checks the flag, not the environment's default
         raise EffectMQError(f"EFFECTMQ_LOOP must be one of {', '.join(LOOPS)}, got {choice!r}")
     if choice == "asyncio":

@@ -91,7 +91,7 @@ class _Attempt:
         self.next_renew = next_renew
         self.lost = False  # ownership gone: do not settle
         self.releasing = False  # drain timeout hit: hand the task back
-        self.started = time.monotonic()
+        self.started = time.monotonic()  # when leased; again when its handler begins
         self.running = False  # its handler runs (a held lease has no task yet; a settling one's handler returned)
 
 
@@ -379,9 +379,7 @@ class Worker:
 
     async def _drain(self) -> None:
         while self._held:
-            attempt = self._held.popleft()
-            self._forget(attempt)
-            self._release_in_background(attempt.lease, "the worker is stopping")
+            self._hand_back(self._held.popleft(), "the worker is stopping")
         if self._attempts:
             pending = [a.task for a in self._attempts.values() if a.task]
             _done, still = await asyncio.wait(pending, timeout=self.drain_timeout)
@@ -470,8 +468,7 @@ class Worker:
         while self._held and self._handlers_running < self.concurrency and not self._stopping.is_set():
             held = self._held.popleft()
             if self._spent(held.lease):  # the heartbeat could not renew it
-                self._forget(held)
-                self._release_in_background(held.lease, "its lease ran out while it was held")
+                self._hand_back(held, "its lease ran out while it was held")
             else:
                 self._begin(held)
 
@@ -480,6 +477,11 @@ class Worker:
         if self._newest.get(attempt.lease.task_id) is attempt:
             del self._newest[attempt.lease.task_id]
         self._slot_free.set()
+
+    def _hand_back(self, attempt: _Attempt, why: str) -> None:
+        """A held attempt that will not start here goes back to the queue (no stall)."""
+        self._forget(attempt)
+        self._release_in_background(attempt.lease, why)
 
     def _release_in_background(self, lease: Lease, why: str) -> None:
         log.warning("task %s (attempt %d) not started: %s; releasing it", lease.task_id, lease.attempt, why)
@@ -530,14 +532,11 @@ class Worker:
             return await self._fail(lease, ErrorInfo(DEFECT, str(exc)), definition, retryable=False)
         timeout = lease.options.get("timeout") or definition.timeout
         try:
-            try:
-                if timeout is None:
-                    result = await self._call(definition, payload, lease)
-                else:
-                    async with asyncio.timeout(timeout) as deadline:
-                        result = await self._call(definition, payload, lease)
-            finally:
-                self._handler_returned(attempt)
+            if timeout is None:
+                result = await self._call(attempt, definition, payload)
+            else:
+                async with asyncio.timeout(timeout) as deadline:
+                    result = await self._call(attempt, definition, payload)
         except asyncio.CancelledError:
             raise
         except TimeoutError as exc:
@@ -557,17 +556,21 @@ class Worker:
     async def _complete(self, lease: Lease, encoded: str) -> None:
         lease._settled("complete", await self._completions.complete(lease, encoded), (Outcome.COMPLETED,))
 
-    async def _call(self, definition: TaskDef, payload: Any, lease: Lease) -> Any:
+    async def _call(self, attempt: _Attempt, definition: TaskDef, payload: Any) -> Any:
+        """Run the handler; once it returns or raises, its slot may start a held lease."""
         args: tuple = ()
         if definition.arity >= 1:
             args = (payload,)
         if definition.arity >= 2:
-            args = (payload, TaskContext(lease, asyncio.get_running_loop()))
-        if definition.is_async:
-            return await definition.fn(*args)
-        # Sync handlers run in the pool; they cannot be interrupted, only abandoned.
-        call = functools.partial(contextvars.copy_context().run, definition.fn, *args)
-        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+            args = (payload, TaskContext(attempt.lease, asyncio.get_running_loop()))
+        try:
+            if definition.is_async:
+                return await definition.fn(*args)
+            # Sync handlers run in the pool; they cannot be interrupted, only abandoned.
+            call = functools.partial(contextvars.copy_context().run, definition.fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+        finally:
+            self._handler_returned(attempt)
 
     async def _fail(self, lease: Lease, error: Any, definition: TaskDef | None, *, retryable: bool | None = None) -> str:
         declared = definition.errors if definition else ()
@@ -661,8 +664,7 @@ class Worker:
         now = time.monotonic()
         for attempt in [a for a in self._held if self._prefetch.hand_back(now - a.started)]:
             self._held.remove(attempt)
-            self._forget(attempt)
-            self._release_in_background(attempt.lease, f"held {now - attempt.started:.1f} s without a free slot")
+            self._hand_back(attempt, f"held {now - attempt.started:.1f} s without a free slot")
         due: list[_Attempt] = []
         for attempt in list(self._attempts.values()):
             if attempt.lost or (attempt.task is not None and attempt.task.done()):

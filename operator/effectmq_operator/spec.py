@@ -123,9 +123,7 @@ class QueueSpec:
     @property
     def replica_cap(self) -> int | None:
         """maxActive bounds useful replicas: more pods than ceil(maxActive / leases per pod) would idle."""
-        if self.max_active <= 0:
-            return None
-        return math.ceil(self.max_active / leases_per_pod(self.worker))
+        return self.scaling.replica_cap
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any] | None, name: str = "") -> "QueueSpec":
