@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 from .app import App
 from .clitools import CAST_KINDS, URL_HELP, emit, env
@@ -49,7 +49,7 @@ def load_target(spec: str) -> App | dict:
 def _queue_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue", "-q", default=env("EFFECTMQ_QUEUE"), help="queue name [EFFECTMQ_QUEUE]")
     p.add_argument("--url", default=env("EFFECTMQ_REDIS_URL"), help=URL_HELP)
-    p.add_argument("--prefix", default=env("EFFECTMQ_PREFIX", "emq"), help="key prefix [EFFECTMQ_PREFIX]")
+    p.add_argument("--prefix", default=env("EFFECTMQ_PREFIX"), help="key prefix, default emq [EFFECTMQ_PREFIX]")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--log-level", default=env("EFFECTMQ_LOG_LEVEL", "INFO"), help="[EFFECTMQ_LOG_LEVEL]")
 
@@ -57,7 +57,12 @@ def _queue_args(p: argparse.ArgumentParser) -> None:
 def _queue(args) -> TaskQueue:
     if not args.queue:
         raise SystemExit("effectmq: no queue given (--queue or EFFECTMQ_QUEUE)")
-    return TaskQueue(args.queue, url=args.url, prefix=args.prefix)
+    return TaskQueue(args.queue, url=args.url, **_given(args, "prefix"))
+
+
+def _given(args, *names: str) -> dict[str, Any]:
+    """The queue options given as flags or in the environment (the rest keep their defaults)."""
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
 def _human_task(info: dict) -> str:
@@ -71,7 +76,10 @@ async def cmd_worker(args) -> int:
     queue_name = args.queue or (target.queue_name if isinstance(target, App) else None)
     if not queue_name:
         raise SystemExit("effectmq: no queue given (--queue, EFFECTMQ_QUEUE, or an App with a queue name)")
-    queue = TaskQueue(queue_name, url=args.url, prefix=args.prefix, lock_timeout=args.lock_timeout)
+    # Flags and the environment win; what they leave unsaid comes from the App, then the defaults.
+    app = target if isinstance(target, App) else None
+    options = {**(app.queue_options if app else {}), **_given(args, "prefix", "lock_timeout")}
+    queue = TaskQueue(queue_name, url=args.url or (app.url if app else None), **options)
     if isinstance(target, App):
         target.use_queue(queue)
     worker = Worker(queue, target, concurrency=args.concurrency, prefetch=args.prefetch, lock_timeout=args.lock_timeout,
@@ -191,8 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--prefetch", type=prefetch_setting, default=env("EFFECTMQ_PREFETCH", None, prefetch_setting),
                    help="leases held ahead per process, started as handlers return: auto (the default: as many "
                    "as --concurrency while handlers are short), or a number (0: none) [EFFECTMQ_PREFETCH]")
-    w.add_argument("--lock-timeout", type=float, default=env("EFFECTMQ_LOCK_TIMEOUT", 30.0, float),
-                   help="lease length in seconds [EFFECTMQ_LOCK_TIMEOUT]")
+    w.add_argument("--lock-timeout", type=float, default=env("EFFECTMQ_LOCK_TIMEOUT", None, float),
+                   help="lease length in seconds, default the App's or 30 [EFFECTMQ_LOCK_TIMEOUT]")
     w.add_argument("--lock-refresh", type=float, default=env("EFFECTMQ_LOCK_REFRESH", None, float),
                    help="renew interval, default a third of the lease [EFFECTMQ_LOCK_REFRESH]")
     w.add_argument("--drain-timeout", type=float, default=env("EFFECTMQ_DRAIN_TIMEOUT", 30.0, float),

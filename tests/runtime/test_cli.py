@@ -90,3 +90,34 @@ async def test_without_uvloop_auto_falls_back_and_an_explicit_ask_fails_clearly(
     bad_env = subprocess.run([sys.executable, "-m", "effectmq", "worker", "m:app"], cwd=ROOT, capture_output=True,
                              text=True, timeout=60, env={**os.environ, "EFFECTMQ_LOOP": "trio"})
     assert bad_env.returncode == 1 and "EFFECTMQ_LOOP must be one of auto, uvloop, asyncio, got 'trio'" in bad_env.stderr
+
+
+async def test_the_worker_serves_the_apps_own_redis_and_options_unless_told_otherwise(redis_url, tmp_path):
+    """`effectmq worker mod:app` with no --url or EFFECTMQ_REDIS_URL uses the URL and queue
+    options the App was built with (it used localhost:6379 and the default prefix)."""
+    (tmp_path / "billing_app.py").write_text(
+        "import os, effectmq\n"
+        "app = effectmq.App('billing', url=os.environ['BILLING_REDIS'], prefix='billing')\n"
+        "@app.task\n"
+        "async def charge(payload):\n"
+        "    return payload['cents'] * 2\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECTMQ_")}
+    env.update(BILLING_REDIS=redis_url, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), PYTHONUNBUFFERED="1")
+    log = tmp_path / "worker.log"
+    proc = subprocess.Popen([sys.executable, "-m", "effectmq", "worker", "billing_app:app"], env=env, cwd=ROOT,
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    q = effectmq.TaskQueue("billing", url=redis_url, prefix="billing")
+    try:
+        await q.offer("charge", {"cents": 21}, task_id="c1")
+        try:
+            assert await q.wait("c1", timeout=20) == 42
+        except TimeoutError:
+            raise AssertionError(log.read_text()) from None
+        # an explicit flag still wins over the App: the same App, told another prefix
+        override = subprocess.run([sys.executable, "-m", "effectmq", "stats", "--queue", "billing", "--url", redis_url,
+                                   "--prefix", "other", "--json"], env=env, cwd=ROOT, capture_output=True, text=True)
+        assert json.loads(override.stdout)["completed"] == 0
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        await q.close()
