@@ -1,11 +1,12 @@
-"""A watchdog for the worker's event loop.
+"""A watchdog for an event loop (the worker's, the operator's).
 
 An async handler that blocks the loop (a sync HTTP call, time.sleep, heavy CPU) stops
 every heartbeat of the process with it: all its leases run out and their tasks run
-again elsewhere, which looks like stalls with no cause. The loop ticks a timestamp;
-a daemon thread notices when the ticks stop and logs, once per block and while it
-lasts, where the loop is stuck (its stack). Every tick's lateness goes into the
-histogram effectmq_worker_event_loop_lag_seconds.
+again elsewhere, which looks like stalls with no cause. In the operator, a blocked
+loop stops every reconcile and the Lease renewals. The loop ticks a timestamp; a
+daemon thread notices when the ticks stop and logs, once per block and while it
+lasts, where the loop is stuck (its stack). Every tick's lateness goes into a
+histogram (the worker's: effectmq_worker_event_loop_lag_seconds).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Callable
 
 from . import metrics
 
-log = logging.getLogger("effectmq.worker")
+WORKER_LOG = logging.getLogger("effectmq.worker")
 TICK = 0.1  # seconds between the loop's ticks
 STACK_FRAMES = 12  # innermost frames of the stuck loop's stack that a warning shows
 ASYNCIO_DIR = os.sep + "asyncio" + os.sep
@@ -33,14 +34,26 @@ def newly_blocked(now: float, last_tick: float, warn_after: float, warned_for: f
     return now - last_tick >= warn_after and warned_for != last_tick
 
 
+# What a block costs a worker, and the usual cause: its handlers
+WORKER_CONSEQUENCE = ("no heartbeat can run until it returns, so the leases of this process may run out and their "
+                      "tasks run again elsewhere")
+WORKER_ADVICE = ("Blocking code in an async handler belongs in a sync handler (a thread) or asyncio.to_thread. ")
+
+
 class LoopWatch:
     """Ticks on `loop`, watched from a thread; `describe()` adds what the loop held
-    (called from the watching thread while the loop is stuck, so it must only read)."""
+    (called from the watching thread while the loop is stuck, so it must only read).
+    A worker's watch by default; the operator passes its own histogram, log and words."""
 
-    def __init__(self, queue: str, warn_after: float, describe: Callable[[], str] = lambda: "") -> None:
+    def __init__(self, queue: str, warn_after: float, describe: Callable[[], str] = lambda: "", *,
+                 lag=None, logger: logging.Logger = WORKER_LOG, consequence: str = WORKER_CONSEQUENCE,
+                 advice: str = WORKER_ADVICE) -> None:
         self.warn_after = warn_after
         self.describe = describe
-        self._lag = metrics.LOOP_LAG.labels(queue)
+        self._lag = lag if lag is not None else metrics.LOOP_LAG.labels(queue)
+        self._log = logger
+        self._consequence = consequence
+        self._advice = advice
         self._stop = threading.Event()
         self._last_tick = time.monotonic()
         self._handle: asyncio.TimerHandle | None = None
@@ -66,7 +79,7 @@ class LoopWatch:
         self._lag.observe(max(0.0, now - due))
         # a block the watcher reported while it lasted: now its length is known
         if newly_blocked(now, self._last_tick, self.warn_after, None):
-            log.warning("event loop ran again after %.1f s blocked", now - self._last_tick)
+            self._log.warning("event loop ran again after %.1f s blocked", now - self._last_tick)
         self._last_tick = now
         if not self._stop.is_set():
             self._handle = loop.call_later(TICK, self._tick, loop, now + TICK)
@@ -86,10 +99,8 @@ class LoopWatch:
             held = self.describe()
         except Exception as exc:  # noqa: BLE001 - the loop changed what describe reads meanwhile
             held = f"({type(exc).__name__} while describing)"
-        log.warning("event loop blocked for %.1f s: no heartbeat can run until it returns, so the leases of "
-                    "this process may run out and their tasks run again elsewhere%s. "
-                    "Blocking code in an async handler belongs in a sync handler (a thread) or "
-                    "asyncio.to_thread. The loop is at:\n%s", blocked, held, where.rstrip("\n"))
+        self._log.warning("event loop blocked for %.1f s: %s%s. %sThe loop is at:\n%s", blocked, self._consequence,
+                          held, self._advice, where.rstrip("\n"))
 
 
 def _handler_frames(frame) -> traceback.StackSummary:

@@ -29,10 +29,11 @@ REDIS_READY = Gauge("effectmq_worker_redis_ready",
                     "1 while this worker's last Redis call succeeded, 0 while it is backing off", ["queue"])
 LOOP_ERRORS = Counter("effectmq_worker_loop_errors", "Errors a worker loop backed off from, by loop and reply class",
                       ["queue", "loop", "code"])
+LOOP_LAG_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)  # seconds; the operator's loop too
 LOOP_LAG = Histogram(
     "effectmq_worker_event_loop_lag_seconds", "How late the worker's event loop ran a tick it was due to run "
     "(a blocked loop runs no heartbeat)", ["queue"],
-    buckets=(0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    buckets=LOOP_LAG_BUCKETS,
 )
 MAINTENANCE_LAST = Gauge("effectmq_maintenance_last_success_timestamp_seconds",
                          "Unix time of the last successful maintenance pass", ["queue"])

@@ -15,6 +15,9 @@ import os
 
 import kopf
 
+from effectmq.loopwatch import LoopWatch
+
+from . import metrics
 from .builders import GROUP, MANAGED_BY, VERSION
 from .connections import CONNECTIONS_PER_REDIS, Connections
 from .controller import RECONCILES_AT_ONCE, QueueController
@@ -23,6 +26,7 @@ from .leader import LEASE_SECONDS, LeaderElector, coordination_api
 from .schedules import ScheduleController
 
 SHUTDOWN_STEP = 2.0  # seconds each shutdown step may take: SIGTERM to exit stays within a few seconds
+LOOP_BLOCK_WARNING = 3.0  # seconds the loop may not run before the log says where it is stuck (Lease: 15 s)
 
 
 class _QuietWatch(logging.Filter):
@@ -31,6 +35,12 @@ class _QuietWatch(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         return not (message.endswith("succeeded.") and "_event'" in message)
+
+
+def loop_watch(warn_after: float = LOOP_BLOCK_WARNING) -> LoopWatch:
+    """The watchdog of the operator's loop: a block is logged with where the loop is stuck."""
+    return LoopWatch("", warn_after, lag=metrics.LOOP_LAG, logger=logging.getLogger("effectmq.operator"),
+                     consequence="no reconcile, tick pass or Lease renewal runs until it returns", advice="")
 
 
 @kopf.on.startup()
@@ -63,6 +73,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
                                  retry_period=lease_seconds / 7.5)
     is_leader = lambda: memo.elector.is_leader  # noqa: E731
     kube.may_write = is_leader  # checked again at every write: a reconcile in flight when leadership ends stops
+    memo.loop_watch = loop_watch()
+    memo.loop_watch.start(asyncio.get_running_loop())
     memo.tasks = [
         asyncio.create_task(memo.elector.run(), name="effectmq-leader"),
         asyncio.create_task(memo.queues.run(is_leader), name="effectmq-queues"),
@@ -83,6 +95,8 @@ def probe(memo: kopf.Memo, **_) -> dict:
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_) -> None:
+    if hasattr(memo, "loop_watch"):
+        memo.loop_watch.stop()
     tasks = getattr(memo, "tasks", [])
     for task in tasks:
         task.cancel()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
+
+from effectmq.metrics import LOOP_LAG_BUCKETS
 
 SCALE_DECISIONS = Counter("effectmq_operator_scale_decisions", "Replica changes made", ["queue", "direction"])
 DESIRED_REPLICAS = Gauge("effectmq_operator_desired_replicas", "Replicas the last decision asked for", ["queue"])
@@ -19,6 +21,9 @@ OLDEST_RECONCILE = Gauge("effectmq_operator_oldest_reconcile_age_seconds",
                          "Seconds since the least recently reconciled Queue was last reconciled (a full pass takes this long)")
 API_REQUESTS = Counter("effectmq_operator_api_requests", "Kubernetes API calls made by the reconcilers")
 TICKS = Counter("effectmq_operator_schedule_ticks", "Schedule ticks materialized as tasks", ["schedule"])
+LOOP_LAG = Histogram("effectmq_operator_event_loop_lag_seconds", "How late the operator's event loop ran a tick it "
+                     "was due to run (a blocked loop runs no reconcile and renews no Lease)",
+                     buckets=LOOP_LAG_BUCKETS)
 
 
 def record_poll(queue: str, stats, desired: int) -> None:
