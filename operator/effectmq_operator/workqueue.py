@@ -62,6 +62,7 @@ class Registry:
         self._startup_until = time.monotonic() + STARTUP_WINDOW
         self._next_list = 0.0
         self._gone: dict[str, float] = {}  # uids deleted recently: a stale list must not resurrect them
+        self._stored_at: dict[Key, float] = {}  # when each held version was stored (monotonic)
 
     def watch_reported(self) -> None:
         """The watch stream runs: the lists go back to their usual period."""
@@ -75,10 +76,12 @@ class Registry:
         old = self.items.get(key)
         if newer(body, old):
             self.items[key] = body
+            self._stored_at[key] = time.monotonic()
         return old
 
     def drop(self, body: dict) -> dict | None:
         self._gone[body["metadata"].get("uid")] = time.monotonic()
+        self._stored_at.pop(key_of(body), None)
         if len(self._gone) > 10_000:
             cutoff = time.monotonic() - 600
             self._gone = {u: t for u, t in self._gone.items() if t > cutoff}
@@ -87,22 +90,27 @@ class Registry:
     async def refresh(self, deadline: float, what: str) -> bool:
         """List everything when due; True once the registry has been in sync."""
         if time.monotonic() >= self._next_list:
+            started = time.monotonic()
             try:
                 listed = await asyncio.wait_for(self._lister(), deadline)
             except Exception as exc:
                 log.warning("listing %s failed: %s", what, exc)
                 self._next_list = time.monotonic() + 2.0
             else:
-                self._replace_all(listed)
+                self._replace_all(listed, started)
                 now = time.monotonic()
                 self._next_list = now + (STARTUP_RELIST_EVERY if now < self._startup_until else self._relist_every)
                 self.synced.set()
         return self.synced.is_set()
 
-    def _replace_all(self, bodies: list[dict]) -> None:
+    def _replace_all(self, bodies: list[dict], started: float) -> None:
+        """Hold what a list that began at `started` found. One held but not listed is gone,
+        unless it was stored after the list began: the list is a snapshot older than that
+        (a watch event of a new object often beats the list it is missing from)."""
         listed = {key_of(b): b for b in bodies if b["metadata"].get("uid") not in self._gone}
         changes: list[tuple[str, dict, dict | None]] = []
-        for key in [k for k in self.items if k not in listed]:
+        for key in [k for k in self.items if k not in listed and self._stored_at.get(k, 0.0) < started]:
+            self._stored_at.pop(key, None)
             changes.append(("DELETED", self.items.pop(key), None))
         for key, body in listed.items():
             old = self.put(body)

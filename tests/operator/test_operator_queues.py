@@ -315,6 +315,34 @@ def test_a_queue_whose_redis_refuses_writes_says_so_and_recovers(kube_control_pl
     assert len(warnings) == 1, warnings  # one per outage
 
 
+async def test_a_queue_the_watch_reports_while_a_list_is_in_flight_is_not_dropped_by_that_list(
+        kube_control_plane, kube_namespace, effectmq_crds, redis_url):
+    """A full list is a snapshot: a Queue created after it was taken, and reported by the
+    watch before it returned, is not in it. That list took the Queue for deleted and
+    forgot its reconcile; with the watch running, nothing looked again for a minute (two
+    CI runs: a Queue of a freshly started operator never reconciled within 30 and 60 s)."""
+    plane, ns = kube_control_plane, kube_namespace
+    async with controllers_fed_by_lists(plane, ns) as (queues, _):
+        await asyncio.wait_for(queues.synced.wait(), 10)
+        kube, staged = queues.kube, []
+        real_list = kube.list_resources
+
+        async def list_then_create(plural, namespaces):
+            items = await real_list(plural, namespaces)  # the snapshot: no "late" in it
+            if plural == "queues" and not staged:
+                staged.append(True)
+                apply(plane, ns, queue_manifest("late", redis_url))
+                queues.observe_queue("ADDED", get(plane, ns, "queue", "late"))  # the watch is quicker
+            return items
+
+        kube.list_resources = list_then_create
+        queues.queues._next_list = 0.0  # the next step lists
+        await wait_for_async(lambda: staged, timeout=10, what="the staged list")
+        await wait_for_async(lambda: get(plane, ns, "deployment", "late-worker"), timeout=15,
+                             what="the late Queue's worker Deployment")
+        assert (ns, "late") in queues.queues.items
+
+
 async def test_a_queue_the_watch_has_not_reported_is_reconciled_within_seconds(kube_control_plane, kube_namespace,
                                                                                effectmq_crds, redis_url):
     """The watch streams can start late: the API server answers a watch of a newly created
