@@ -379,7 +379,7 @@ class Worker:
 
     async def _drain(self) -> None:
         while self._held:
-            self._hand_back(self._held.popleft(), "the worker is stopping")
+            self._hand_back(self._held.popleft(), "the worker is stopping", logging.INFO)  # routine: a drain
         if self._attempts:
             pending = [a.task for a in self._attempts.values() if a.task]
             _done, still = await asyncio.wait(pending, timeout=self.drain_timeout)
@@ -478,13 +478,13 @@ class Worker:
             del self._newest[attempt.lease.task_id]
         self._slot_free.set()
 
-    def _hand_back(self, attempt: _Attempt, why: str) -> None:
+    def _hand_back(self, attempt: _Attempt, why: str, level: int = logging.WARNING) -> None:
         """A held attempt that will not start here goes back to the queue (no stall)."""
         self._forget(attempt)
-        self._release_in_background(attempt.lease, why)
+        self._release_in_background(attempt.lease, why, level)
 
-    def _release_in_background(self, lease: Lease, why: str) -> None:
-        log.warning("task %s (attempt %d) not started: %s; releasing it", lease.task_id, lease.attempt, why)
+    def _release_in_background(self, lease: Lease, why: str, level: int = logging.WARNING) -> None:
+        log.log(level, "task %s (attempt %d) not started: %s; releasing it", lease.task_id, lease.attempt, why)
 
         async def release() -> None:
             with contextlib.suppress(LeaseLost, RedisUnavailable, RedisRefused):
@@ -664,7 +664,8 @@ class Worker:
         now = time.monotonic()
         for attempt in [a for a in self._held if self._prefetch.hand_back(now - a.started)]:
             self._held.remove(attempt)
-            self._hand_back(attempt, f"held {now - attempt.started:.1f} s without a free slot")
+            # routine for auto prefetch behind slow handlers: it adapts, nothing is wrong
+            self._hand_back(attempt, f"held {now - attempt.started:.1f} s without a free slot", logging.INFO)
         due: list[_Attempt] = []
         for attempt in list(self._attempts.values()):
             if attempt.lost or (attempt.task is not None and attempt.task.done()):

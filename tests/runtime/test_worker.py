@@ -1,6 +1,7 @@
 """The Worker in-process: handlers, failures, timeouts, wake-up, heartbeats, drain."""
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -518,7 +519,14 @@ async def test_prefetch_holds_leases_ahead_renews_them_and_runs_them_as_handlers
     assert [(i.state, i.attempt, i.stalled_attempt_count) for i in infos] == [("completed", 1, 0)] * 6
 
 
-async def test_drain_hands_held_leases_back_without_a_stall(make_queue):
+def hand_backs(caplog) -> list[tuple[str, str]]:
+    """(level, reason) of each "not started ...; releasing it" line."""
+    return [(r.levelname, r.getMessage().split(": ", 1)[1]) for r in caplog.records
+            if "not started: " in r.getMessage()]
+
+
+async def test_drain_hands_held_leases_back_without_a_stall(make_queue, caplog):
+    caplog.set_level(logging.INFO, logger="effectmq")
     q = make_queue("prefetch-drain")
     entered = asyncio.Event()
 
@@ -538,6 +546,8 @@ async def test_drain_hands_held_leases_back_without_a_stall(make_queue):
     ran, *held = [await q.get(i) for i in ("run", "held1", "held2")]
     assert ran.state == "completed"
     assert [(h.state, h.stalled_attempt_count, h.handler_failure_count) for h in held] == [("waiting", 0, 0)] * 2
+    # a drain is routine: no warning per held lease
+    assert hand_backs(caplog) == [("INFO", "the worker is stopping; releasing it")] * 2
 
 
 async def test_a_held_lease_that_cannot_be_renewed_is_dropped_never_started(tcp_proxy, make_queue):
@@ -580,7 +590,8 @@ async def test_prefetch_must_be_a_non_negative_integer(queue):
             effectmq.Worker(queue, {"x": print}, prefetch=bad)
 
 
-async def test_auto_prefetch_holds_leases_only_while_handlers_are_short(make_queue):
+async def test_auto_prefetch_holds_leases_only_while_handlers_are_short(make_queue, caplog):
+    caplog.set_level(logging.INFO, logger="effectmq")
     # auto (the default): none held before a handler returned; as many as concurrency
     # once handlers are short; a lease held past HOLD_AT_MOST behind slow handlers goes
     # back (no stall) and holding stops, so it is not taken again at once.
@@ -616,6 +627,8 @@ async def test_auto_prefetch_holds_leases_only_while_handlers_are_short(make_que
         gate.set()
         infos = [await settled(q, f"b{i}") for i in range(6)]
     assert [(i.state, i.stalled_attempt_count) for i in infos] == [("completed", 0)] * 6
+    backs = hand_backs(caplog)  # auto adapting to slow handlers is routine: INFO, not WARNING
+    assert len(backs) == 2 and all(level == "INFO" and "without a free slot" in why for level, why in backs), backs
 
 
 async def test_auto_prefetch_holds_nothing_under_max_active(make_queue):
