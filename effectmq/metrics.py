@@ -21,7 +21,8 @@ DURATION = Histogram(
     "effectmq_handler_duration_seconds", "Handler run time", ["queue", "task", "outcome"],
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
 )
-IN_FLIGHT = Gauge("effectmq_in_flight", "Attempts running in this worker", ["queue"])
+IN_FLIGHT = Gauge("effectmq_in_flight", "Attempts running in this process (held leases not counted)", ["queue"])
+PREFETCHED = Gauge("effectmq_prefetched", "Leases held ahead in this process, not started yet (prefetch)", ["queue"])
 DEPTH = Gauge("effectmq_queue_depth", "Tasks per state (as last seen by this process)", ["queue", "state"])
 OLDEST_WAITING = Gauge("effectmq_oldest_waiting_seconds", "Age of the oldest waiting task", ["queue"])
 STALLS = Counter("effectmq_stalls_recovered", "Expired leases recovered by maintenance", ["queue", "outcome"])
@@ -81,11 +82,25 @@ class AttemptMetrics:
     """The labelled series of one queue, looked up once: `.labels()` on every
     attempt was a seventh of a busy worker's CPU."""
 
+    # The workers of each queue in this process: (running, held) of each, read at scrape
+    # time, so the gauges are never stale and cost the attempts nothing.
+    _counts: dict[str, dict[int, Callable[[], tuple[int, int]]]] = {}
+
     def __init__(self, queue: str):
         self.queue = queue
-        self.in_flight = IN_FLIGHT.labels(queue)
         self._attempts: dict[str, Counter] = {}
         self._settled: dict[tuple[str, str], tuple] = {}
+
+    def track(self, counts: Callable[[], tuple[int, int]]) -> None:
+        """Count a worker's (running, held) attempts in the gauges until untrack()."""
+        workers = self._counts.setdefault(self.queue, {})
+        if not workers:
+            IN_FLIGHT.labels(self.queue).set_function(lambda: sum(c()[0] for c in list(workers.values())))
+            PREFETCHED.labels(self.queue).set_function(lambda: sum(c()[1] for c in list(workers.values())))
+        workers[id(self)] = counts
+
+    def untrack(self) -> None:
+        self._counts.get(self.queue, {}).pop(id(self), None)
 
     def started(self, task: str) -> None:
         counter = self._attempts.get(task)

@@ -239,6 +239,7 @@ class Worker:
         helpers: list[asyncio.Task] = []
         wake = None
         watch = None
+        self._metrics.track(lambda: (len(self._attempts) - len(self._held), len(self._held)))
         if self.loop_block_warning is not None:
             watch = LoopWatch(self._q, self.loop_block_warning, self._describe_leases)
             watch.start(loop)
@@ -259,6 +260,7 @@ class Worker:
                 await self._acquire_loop(wake)
                 await self._drain()
         finally:
+            self._metrics.untrack()
             self._closing.set()  # helpers end their loops; a lost cancel cannot keep them going
             if watch is not None:
                 watch.stop()
@@ -418,7 +420,6 @@ class Worker:
             return False
         for lease in leases:
             self._start(lease)
-        self._metrics.in_flight.set(len(self._attempts))
         return True
 
     def _start(self, lease: Lease) -> None:

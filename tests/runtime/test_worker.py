@@ -653,3 +653,34 @@ async def test_auto_prefetch_holds_nothing_under_max_active(make_queue):
         gate.set()
         await asyncio.wait_for(until_drained(q), 5)
     assert max(seen) == 2, f"active counts seen: {sorted(seen)}"
+
+
+def gauge(name: str, queue: str) -> float | None:
+    from prometheus_client import REGISTRY
+    return REGISTRY.get_sample_value(name, {"queue": queue})
+
+
+async def test_the_in_flight_gauge_counts_running_attempts_and_falls_to_zero_when_idle(make_queue):
+    # It was set only when leases arrived: an idle worker kept showing its last batch, and
+    # held leases counted as running.
+    q = make_queue("gauges")
+    gate, entered = asyncio.Event(), asyncio.Event()
+
+    async def job(payload):
+        entered.set()
+        await gate.wait()
+
+    await q.offer_many([("job", i) for i in range(5)])
+    worker = make_worker(q, {"job": job}, concurrency=2, prefetch=2)
+    async with running(worker):
+        await asyncio.wait_for(entered.wait(), 5)
+        async with asyncio.timeout(5):
+            while worker.in_flight < 4:
+                await asyncio.sleep(0.01)
+        assert (gauge("effectmq_in_flight", "gauges"), gauge("effectmq_prefetched", "gauges")) == (2, 2)
+        gate.set()
+        await asyncio.wait_for(until_drained(q), 5)
+        async with asyncio.timeout(5):
+            while worker.in_flight:
+                await asyncio.sleep(0.01)
+        assert (gauge("effectmq_in_flight", "gauges"), gauge("effectmq_prefetched", "gauges")) == (0, 0)
