@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import math
 import random
 import signal
 import time
@@ -47,6 +48,7 @@ WORKER_BEAT_INTERVAL = 2.0  # seconds between announcements of this worker's loa
 BACKOFF_FIRST, BACKOFF_LIMIT = 0.1, 5.0  # seconds: a failing loop's first and longest wait
 STARTUP_PING_TIMEOUT = 5.0  # seconds: a connection that accepts but never answers is retried
 HELPER_STOP_TIMEOUT = 2.0  # seconds the helper loops get to end once the drain is over
+TIMER_SLACK = 0.005  # seconds: a timeout set for a window's close may fire a hair before it
 LOG_REPEAT_EVERY = 5.0  # seconds: one warning per loop and error class, the rest at debug level
 
 
@@ -667,31 +669,41 @@ class Worker:
             self._held.remove(attempt)
             # routine for auto prefetch behind slow handlers: it adapts, nothing is wrong
             self._hand_back(attempt, f"held {now - attempt.started:.1f} s without a free slot", logging.INFO)
-        due: list[_Attempt] = []
-        for attempt in list(self._attempts.values()):
-            if attempt.lost or (attempt.task is not None and attempt.task.done()):
-                continue  # a held attempt (no task yet) is renewed like a running one
-            lease = attempt.lease
-            action = heartbeat.decide(now, attempt.next_renew, lease.confirmed_until,
-                                      heartbeat.safety_margin(lease.lock_timeout))
-            if action is heartbeat.Action.INTERRUPT:
-                self._interrupt(attempt, "lease could not be confirmed in time")
-            elif action is heartbeat.Action.RENEW:
-                due.append(attempt)
+        due = [a for a in self._unconfirmed(list(self._attempts.values()), now) if now >= a.next_renew]
         if not due:
             return
         margin = min(heartbeat.safety_margin(a.lease.lock_timeout) for a in due)
         budget = max(0.01, min(a.lease.confirmed_until for a in due) - margin - now)
         # An error here is judged by _heartbeat_loop; renewal is tried again on the next
         # tick, until the safety window closes.
-        async with asyncio.timeout(budget):
-            owned = await self.queue.engine.renew([a.lease for a in due])
+        try:
+            async with asyncio.timeout(budget):
+                owned = await self.queue.engine.renew([a.lease for a in due])
+        except Exception:
+            # The budget ends where the first safety window closes: interrupt now, not a
+            # tick later (with a short lease a tick is most of the margin).
+            self._unconfirmed(due, time.monotonic() + TIMER_SLACK)
+            raise
         for attempt, ok in zip(due, owned):
             if ok:
                 attempt.next_renew = time.monotonic() + heartbeat.refresh_interval(
                     attempt.lease.lock_timeout, self.lock_refresh)
             else:
                 self._interrupt(attempt, "lease lost")
+
+    def _unconfirmed(self, attempts: list[_Attempt], now: float) -> list[_Attempt]:
+        """Interrupt the attempts whose safety window closed by `now`; the others, to renew or keep."""
+        kept = []
+        for attempt in attempts:
+            if attempt.lost or (attempt.task is not None and attempt.task.done()):
+                continue  # a held attempt (no task yet) is renewed like a running one
+            lease = attempt.lease
+            if heartbeat.decide(now, math.inf, lease.confirmed_until,
+                                heartbeat.safety_margin(lease.lock_timeout)) is heartbeat.Action.INTERRUPT:
+                self._interrupt(attempt, "lease could not be confirmed in time")
+            else:
+                kept.append(attempt)
+        return kept
 
     def _describe_leases(self) -> str:
         """What a blocked loop risks (read from the watchdog's thread: reads only)."""
