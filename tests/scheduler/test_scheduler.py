@@ -235,16 +235,18 @@ async def test_concurrent_schedulers_offer_each_tick_once(redis_url, make_queue)
     q = make_queue("race")
     schedulers = [Scheduler(redis_url, namespace="race") for _ in range(4)]
     try:
-        for i in range(20):
-            await schedulers[0].put(per_second(f"race/{i}", "race"))
+        # put settles a schedule at once: under load a second boundary passes during the
+        # 20 puts, and the put of a later one offers its first tick itself
+        by_put = sum([(await schedulers[0].put(per_second(f"race/{i}", "race"))).materialized for i in range(20)])
         await asyncio.sleep(1.2)
         reports = await asyncio.gather(*(s.tick() for s in schedulers))
         created = [m.task_id for r in reports for m in r.materialized if m.created]
         offered = {m.task_id for r in reports for m in r.materialized}
         assert len(created) == len(set(created)) == len(offered) >= 20
-        assert await task_ids(q) == sorted(created)
+        ids = await task_ids(q)
+        assert set(created) <= set(ids) and len(ids) == len(created) + by_put
         statuses = await schedulers[1].list()
-        assert sum(s.materialized for s in statuses) == len(created)  # each decision counted once
+        assert sum(s.materialized for s in statuses) == len(ids)  # each decision counted once
     finally:
         for s in schedulers:
             await s.close()
