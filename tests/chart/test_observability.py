@@ -41,8 +41,10 @@ ALL_ON = ["--set", "dashboard.enabled=true", "--set", "redis.enabled=true",
           "--set", "podMonitor.enabled=true", "--set", "prometheusRule.enabled=true"]
 WITH_ACTIONS = ["--set", "dashboard.actions.enabled=true", "--set", "dashboard.actions.existingSecret=dash-token"]
 ALERTS = {"EffectMQOldestWaitingHigh", "EffectMQStallRateHigh", "EffectMQDeadLettersGrowing",
-          "EffectMQMaintenanceLagging", "EffectMQWorkerEventLoopBlocked", "EffectMQOperatorPollErrors",
+          "EffectMQMaintenanceLagging", "EffectMQWorkerEventLoopBlocked", "EffectMQOperatorEventLoopBlocked",
+          "EffectMQOperatorPollErrors",
           "EffectMQRedisRefusesWrites"}
+OPERATOR_ALERTS = {"EffectMQOperatorEventLoopBlocked"}  # about an operator pod, not a queue
 # What users look for on a queue dashboard (issue 16): one panel each, by title.
 PANELS = {"Backlog per state", "Throughput", "Failure rate", "Oldest waiting age", "Stalls recovered",
           "Lease losses", "Attempt duration percentiles", "In flight", "Worker Redis readiness",
@@ -471,7 +473,9 @@ def test_prometheus_rule_loads_in_prometheus_with_the_alerts_users_expect(promql
         assert r["for"] not in ("", "0s"), f"{name} has no for:"
         assert r["labels"]["severity"] in ("warning", "critical"), name
         assert r["annotations"]["summary"] and r["annotations"]["description"], name
-        assert "{{ $labels.queue }}" in r["annotations"]["summary"], name
+        # each names what it is about: a queue, or the operator pod for the operator's own health
+        about = "{{ $labels.pod }}" if name in OPERATOR_ALERTS else "{{ $labels.queue }}"
+        assert about in r["annotations"]["summary"], name
     assert len(report["expressions"]) == len(ALERTS)
 
 
