@@ -37,6 +37,8 @@ def newly_blocked(now: float, last_tick: float, warn_after: float, warned_for: f
 # What a block costs a worker, and the usual cause: its handlers
 WORKER_CONSEQUENCE = ("no heartbeat can run until it returns, so the leases of this process may run out and their "
                       "tasks run again elsewhere")
+PAUSED = ("It was waiting for I/O, no code blocked it: the whole process was paused or starved of CPU "
+          "(SIGSTOP, CPU throttling under a container's limit, a paused VM). ")
 WORKER_ADVICE = ("Blocking code in an async handler belongs in a sync handler (a thread) or asyncio.to_thread. ")
 
 
@@ -94,13 +96,16 @@ class LoopWatch:
 
     def _report(self, blocked: float) -> None:
         frame = sys._current_frames().get(self._loop_thread)
-        where = "".join(traceback.format_list(_handler_frames(frame))) if frame is not None else "(no stack)\n"
+        frames = _handler_frames(frame) if frame is not None else traceback.StackSummary()
+        where = "".join(traceback.format_list(frames)) or "(no stack)\n"
         try:
             held = self.describe()
         except Exception as exc:  # noqa: BLE001 - the loop changed what describe reads meanwhile
             held = f"({type(exc).__name__} while describing)"
+        # Stuck in the selector's wait: nothing ran, the process itself stood still.
+        advice = PAUSED if frames and frames[-1].name == "select" else self._advice
         self._log.warning("event loop blocked for %.1f s: %s%s. %sThe loop is at:\n%s", blocked, self._consequence,
-                          held, self._advice, where.rstrip("\n"))
+                          held, advice, where.rstrip("\n"))
 
 
 def _handler_frames(frame) -> traceback.StackSummary:

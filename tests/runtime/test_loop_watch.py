@@ -97,3 +97,29 @@ def test_a_block_is_reported_once_however_long_it_lasts():
     assert newly_blocked(101.0, last, 1.0, None)
     assert not newly_blocked(105.0, last, 1.0, warned_for=last)
     assert newly_blocked(107.0, 106.0, 1.0, warned_for=last)  # the loop ticked since: a new block
+
+
+async def test_a_paused_process_is_told_apart_from_a_blocking_handler(redis_url, tmp_path):
+    # SIGSTOP, CPU throttling under a pod's limit or a paused VM stop the whole process:
+    # the loop was waiting for I/O, no handler blocked it. The warning said "blocking
+    # code in an async handler" and showed the selector's frame.
+    import signal
+
+    from tests.support.processes import WorkerProcess
+
+    worker = WorkerProcess(redis_url, "paused", tmp_path, args=["--loop-block-warning", "0.5"], name="paused")
+    try:
+        await asyncio.sleep(1.5)  # serving: idle, waiting on Redis
+        worker.signal(signal.SIGSTOP)
+        await asyncio.sleep(1.5)
+        worker.signal(signal.SIGCONT)
+        await asyncio.sleep(1.0)
+    finally:
+        worker.signal(signal.SIGCONT)
+        worker.stop()
+    lines = [line for line in worker.log().splitlines() if "event loop" in line]
+    assert lines, worker.log()[-2000:]
+    text = "\n".join(lines)
+    assert "async handler" not in text, text
+    # (the watcher thread or the loop may run first after SIGCONT: the loop's own line has no stack)
+    assert all("the whole process was paused or starved of CPU" in line for line in lines if "blocked for" in line)
