@@ -6,7 +6,7 @@ again elsewhere, which looks like stalls with no cause. In the operator, a block
 loop stops every reconcile and the Lease renewals. The loop ticks a timestamp; a
 daemon thread notices when the ticks stop and logs, once per block and while it
 lasts, where the loop is stuck (its stack). Every tick's lateness goes into a
-histogram (the worker's: effectmq_worker_event_loop_lag_seconds).
+histogram (effectmq_worker_event_loop_lag_seconds, effectmq_operator_event_loop_lag_seconds).
 """
 
 from __future__ import annotations
@@ -20,9 +20,6 @@ import time
 import traceback
 from typing import Callable
 
-from . import metrics
-
-WORKER_LOG = logging.getLogger("effectmq.worker")
 TICK = 0.1  # seconds between the loop's ticks
 STACK_FRAMES = 12  # innermost frames of the stuck loop's stack that a warning shows
 ASYNCIO_DIR = os.sep + "asyncio" + os.sep
@@ -34,25 +31,22 @@ def newly_blocked(now: float, last_tick: float, warn_after: float, warned_for: f
     return now - last_tick >= warn_after and warned_for != last_tick
 
 
-# What a block costs a worker, and the usual cause: its handlers
-WORKER_CONSEQUENCE = ("no heartbeat can run until it returns, so the leases of this process may run out and their "
-                      "tasks run again elsewhere")
+# Said instead of the caller's advice when the loop was found waiting in its selector
 PAUSED = ("It was waiting for I/O, no code blocked it: the whole process was paused or starved of CPU "
           "(SIGSTOP, CPU throttling under a container's limit, a paused VM). ")
-WORKER_ADVICE = ("Blocking code in an async handler belongs in a sync handler (a thread) or asyncio.to_thread. ")
 
 
 class LoopWatch:
-    """Ticks on `loop`, watched from a thread; `describe()` adds what the loop held
-    (called from the watching thread while the loop is stuck, so it must only read).
-    A worker's watch by default; the operator passes its own histogram, log and words."""
+    """Ticks on `loop`, watched from a thread. A warning names what a block costs
+    (`consequence`), what the loop held (`describe()`, called from the watching thread
+    while the loop is stuck, so it must only read) and the usual cure (`advice`); every
+    tick's lateness goes into `lag` (a histogram or one of its children)."""
 
-    def __init__(self, queue: str, warn_after: float, describe: Callable[[], str] = lambda: "", *,
-                 lag=None, logger: logging.Logger = WORKER_LOG, consequence: str = WORKER_CONSEQUENCE,
-                 advice: str = WORKER_ADVICE) -> None:
+    def __init__(self, warn_after: float, *, lag, logger: logging.Logger, consequence: str, advice: str = "",
+                 describe: Callable[[], str] = lambda: "") -> None:
         self.warn_after = warn_after
         self.describe = describe
-        self._lag = lag if lag is not None else metrics.LOOP_LAG.labels(queue)
+        self._lag = lag
         self._log = logger
         self._consequence = consequence
         self._advice = advice

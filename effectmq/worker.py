@@ -49,6 +49,10 @@ BACKOFF_FIRST, BACKOFF_LIMIT = 0.1, 5.0  # seconds: a failing loop's first and l
 STARTUP_PING_TIMEOUT = 5.0  # seconds: a connection that accepts but never answers is retried
 HELPER_STOP_TIMEOUT = 2.0  # seconds the helper loops get to end once the drain is over
 TIMER_SLACK = 0.005  # seconds: a timeout set for a window's close may fire a hair before it
+# What a blocked loop costs a worker, and the usual cause: its async handlers
+LOOP_BLOCK_CONSEQUENCE = ("no heartbeat can run until it returns, so the leases of this process may run out and "
+                          "their tasks run again elsewhere")
+LOOP_BLOCK_ADVICE = "Blocking code in an async handler belongs in a sync handler (a thread) or asyncio.to_thread. "
 LOG_REPEAT_EVERY = 5.0  # seconds: one warning per loop and error class, the rest at debug level
 
 
@@ -243,7 +247,9 @@ class Worker:
         watch = None
         self._metrics.track(lambda: (len(self._attempts) - len(self._held), len(self._held)))
         if self.loop_block_warning is not None:
-            watch = LoopWatch(self._q, self.loop_block_warning, self._describe_leases)
+            watch = LoopWatch(self.loop_block_warning, lag=metrics.LOOP_LAG.labels(self._q), logger=log,
+                              consequence=LOOP_BLOCK_CONSEQUENCE, advice=LOOP_BLOCK_ADVICE,
+                              describe=self._describe_leases)
             watch.start(loop)
         try:
             if await self._wait_for_redis():

@@ -39,8 +39,8 @@ class _QuietWatch(logging.Filter):
 
 def loop_watch(warn_after: float = LOOP_BLOCK_WARNING) -> LoopWatch:
     """The watchdog of the operator's loop: a block is logged with where the loop is stuck."""
-    return LoopWatch("", warn_after, lag=metrics.LOOP_LAG, logger=logging.getLogger("effectmq.operator"),
-                     consequence="no reconcile, tick pass or Lease renewal runs until it returns", advice="")
+    return LoopWatch(warn_after, lag=metrics.LOOP_LAG, logger=logging.getLogger("effectmq.operator"),
+                     consequence="no reconcile, tick pass or Lease renewal runs until it returns")
 
 
 @kopf.on.startup()
