@@ -19,7 +19,6 @@ import contextlib
 import contextvars
 import functools
 import logging
-import math
 import random
 import signal
 import time
@@ -125,7 +124,7 @@ class _TakeAlong:
 
     @property
     def in_flight(self) -> int:
-        return self.worker.in_flight - len(self.worker._held)  # held leases complete nothing soon
+        return self.worker.running  # held leases complete nothing soon
 
     def wanted(self, completing: int) -> int:
         # The slots this batch frees (its attempts leave once their outcomes are read),
@@ -233,6 +232,11 @@ class Worker:
     def in_flight(self) -> int:
         return len(self._attempts)
 
+    @property
+    def running(self) -> int:
+        """Attempts whose handler was started (in flight, held leases not counted)."""
+        return len(self._attempts) - len(self._held)
+
     async def run(self) -> None:
         """Serve until stop() (or SIGTERM); raises the error that made a loop give up, if any."""
         loop = asyncio.get_running_loop()
@@ -245,7 +249,7 @@ class Worker:
         helpers: list[asyncio.Task] = []
         wake = None
         watch = None
-        self._metrics.track(lambda: (len(self._attempts) - len(self._held), len(self._held)))
+        self._metrics.track(lambda: (self.running, len(self._held)))
         if self.loop_block_warning is not None:
             watch = LoopWatch(self.loop_block_warning, lag=metrics.LOOP_LAG.labels(self._q), logger=log,
                               consequence=LOOP_BLOCK_CONSEQUENCE, advice=LOOP_BLOCK_ADVICE,
@@ -454,9 +458,10 @@ class Worker:
             self._held.append(attempt)  # renewed by the heartbeat until a handler returns
 
     @staticmethod
-    def _spent(lease: Lease) -> bool:
+    def _spent(lease: Lease, now: float | None = None) -> bool:
         """Never run on a lease that cannot be confirmed for a safety margin more."""
-        return time.monotonic() >= lease.confirmed_until - heartbeat.safety_margin(lease.lock_timeout)
+        now = time.monotonic() if now is None else now
+        return now >= lease.confirmed_until - heartbeat.safety_margin(lease.lock_timeout)
 
     def _begin(self, attempt: _Attempt) -> None:
         lease = attempt.lease
@@ -675,7 +680,17 @@ class Worker:
             self._held.remove(attempt)
             # routine for auto prefetch behind slow handlers: it adapts, nothing is wrong
             self._hand_back(attempt, f"held {now - attempt.started:.1f} s without a free slot", logging.INFO)
-        due = [a for a in self._unconfirmed(list(self._attempts.values()), now) if now >= a.next_renew]
+        due: list[_Attempt] = []
+        for attempt in list(self._attempts.values()):
+            if not self._renewable(attempt):
+                continue
+            lease = attempt.lease
+            action = heartbeat.decide(now, attempt.next_renew, lease.confirmed_until,
+                                      heartbeat.safety_margin(lease.lock_timeout))
+            if action is heartbeat.Action.INTERRUPT:
+                self._interrupt(attempt, "lease could not be confirmed in time")
+            elif action is heartbeat.Action.RENEW:
+                due.append(attempt)
         if not due:
             return
         margin = min(heartbeat.safety_margin(a.lease.lock_timeout) for a in due)
@@ -688,7 +703,10 @@ class Worker:
         except Exception:
             # The budget ends where the first safety window closes: interrupt now, not a
             # tick later (with a short lease a tick is most of the margin).
-            self._unconfirmed(due, time.monotonic() + TIMER_SLACK)
+            closed_by = time.monotonic() + TIMER_SLACK
+            for attempt in due:
+                if self._renewable(attempt) and self._spent(attempt.lease, closed_by):
+                    self._interrupt(attempt, "lease could not be confirmed in time")
             raise
         for attempt, ok in zip(due, owned):
             if ok:
@@ -697,19 +715,10 @@ class Worker:
             else:
                 self._interrupt(attempt, "lease lost")
 
-    def _unconfirmed(self, attempts: list[_Attempt], now: float) -> list[_Attempt]:
-        """Interrupt the attempts whose safety window closed by `now`; the others, to renew or keep."""
-        kept = []
-        for attempt in attempts:
-            if attempt.lost or (attempt.task is not None and attempt.task.done()):
-                continue  # a held attempt (no task yet) is renewed like a running one
-            lease = attempt.lease
-            if heartbeat.decide(now, math.inf, lease.confirmed_until,
-                                heartbeat.safety_margin(lease.lock_timeout)) is heartbeat.Action.INTERRUPT:
-                self._interrupt(attempt, "lease could not be confirmed in time")
-            else:
-                kept.append(attempt)
-        return kept
+    @staticmethod
+    def _renewable(attempt: _Attempt) -> bool:
+        """Still ours and not settled: a held attempt (no task yet) is renewed like a running one."""
+        return not attempt.lost and (attempt.task is None or not attempt.task.done())
 
     def _describe_leases(self) -> str:
         """What a blocked loop risks (read from the watchdog's thread: reads only)."""
