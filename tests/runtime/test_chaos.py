@@ -101,9 +101,12 @@ class ChaosProxy(TcpProxy):
     """TcpProxy whose restore() ends the partition for every connection: those opened
     during a cut are blackholed by TcpProxy and stay so after restore (each hangs
     until the client's 15 s socket timeout), which would stretch a fault far past
-    its recorded window. Here they are reset when the fault ends."""
+    its recorded window. Here they are reset when the fault ends. A proxy not cut is
+    left alone: its connections are live (heal() restores every proxy)."""
 
     def restore(self) -> None:
+        if not self.cut_off.is_set():
+            return
         with self._lock:
             stale, self._conns, self._held = self._conns + self._held, [], []
         _drop(stale)
@@ -459,6 +462,26 @@ async def wait_all_terminal(queue: effectmq.TaskQueue, ids: list[str], timeout: 
         if time.monotonic() > end:
             return infos
         await asyncio.sleep(0.2)
+
+
+def test_healing_a_proxy_that_was_not_cut_keeps_its_connections(redis_server):
+    """heal() restores every proxy when the faults stop; one not cut at that moment must
+    keep its connections, or the end of the fault phase is itself a fault nobody
+    recorded (an acquire reply lost there stalls a task no fault explains)."""
+    proxy = ChaosProxy(redis_server.port)
+    client = redis.Redis.from_url(proxy.url, retry=Retry(NoBackoff(), 0), socket_timeout=2)
+    try:
+        # redis-py quietly reconnects an idle connection the peer closed: the server's
+        # id for the connection tells whether it is still the same one
+        first = client.client_id()
+        proxy.restore()
+        assert client.client_id() == first, "restoring a proxy that was not cut reset its connection"
+        proxy.cut(drop_existing=False)
+        proxy.restore()
+        assert client.client_id() != first, "a held connection (its byte stream torn) outlived the fault"
+    finally:
+        client.close()
+        proxy.close()
 
 
 async def test_chaos_seeded_faults_lose_nothing_and_accept_no_stale_ack(make_redis, tmp_path):
