@@ -200,9 +200,10 @@ async def test_heartbeat_loss_interrupts_the_handler(tcp_proxy, make_queue):
         await asyncio.wait_for(interrupted.wait(), 5)
         assert stamps["interrupted"] - cut_at < 1.0  # before the lease (1 s) could expire
         # when the safety window closes, not a heartbeat tick later (83 ms of a 100 ms margin:
-        # a loaded CI machine once saw the interrupt 9 ms after the lease could have run out)
+        # a loaded CI machine once saw the interrupt 9 ms after the lease could have run out).
+        # A tick late measured 85-90 ms; 50 ms leaves a loaded loop room and still tells.
         window_closed = stamps["confirmed_until"] - heartbeat.safety_margin(1.0)
-        assert stamps["interrupted"] - window_closed < 0.03, stamps["interrupted"] - window_closed
+        assert stamps["interrupted"] - window_closed < 0.05, stamps["interrupted"] - window_closed
         tcp_proxy.restore()
     await asyncio.sleep(1.0)
     report = await direct.maintain()
