@@ -68,9 +68,12 @@ class QueueFacts:
 
 
 # Backlog figures change on every poll of a busy queue; written alone, at most this often
-# (a status write per Queue per poll would be most of the API server's traffic).
+# (a status write per Queue per poll would be most of the API server's traffic). A queue
+# that drained or got work says so sooner: "0 waiting" read a minute late misleads.
 FIGURES = frozenset({"backlog", "oldestWaitingSeconds"})
 FIGURES_EVERY = 60.0
+FIGURES_SOON = 10.0  # seconds since the last write; bounds a queue that flaps between the two
+PENDING = ("waiting", "delayed", "active")
 
 
 NOT_CHECKED = "NotChecked"  # the reason of a check that could not be made (status Unknown)
@@ -79,11 +82,22 @@ IN_PROGRESS = frozenset({"RollingOut", "DeploymentMissing"})  # not Ready yet, b
 
 def needs_write(live: Mapping[str, Any], new: Mapping[str, Any], figures_age: float | None) -> bool:
     """Whether a computed status must be written: anything but the figures changed, or the
-    figures changed and were last written `figures_age` seconds ago (None: never)."""
+    figures changed and were last written `figures_age` seconds ago (None: never), at
+    least FIGURES_EVERY, or FIGURES_SOON when the queue went from idle to busy or back."""
     changed = {k for k, v in new.items() if live.get(k) != v}
     if changed - FIGURES:
         return True
-    return bool(changed) and (figures_age is None or figures_age >= FIGURES_EVERY)
+    if not changed:
+        return False
+    if figures_age is None or figures_age >= FIGURES_EVERY:
+        return True
+    return figures_age >= FIGURES_SOON and _idle(live) != _idle(new)
+
+
+def _idle(status: Mapping[str, Any]) -> bool:
+    """No task waiting, delayed or running, by these figures."""
+    backlog = status.get("backlog") or {}
+    return not any(backlog.get(state) for state in PENDING)
 
 
 @dataclass(frozen=True)

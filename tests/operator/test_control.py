@@ -129,6 +129,22 @@ def test_backlog_figures_alone_are_written_at_most_once_a_minute():
     assert control.needs_write(live, {**live, "conditions": [2]}, 1.0)
 
 
+def test_a_queue_that_drained_or_got_work_shows_it_within_seconds():
+    """Found by hand: 600 tasks done, the Queue still said 153 waiting and 208 active
+    for half a minute (figures alone wait a minute). Empty <-> not empty is written as
+    soon as FIGURES_SOON has passed since the last write; busy figures still wait."""
+    def status(waiting, active, completed=0):
+        return {"conditions": [1], "replicas": 3, "oldestWaitingSeconds": 2.0 if waiting else 0,
+                "backlog": {"waiting": waiting, "delayed": 0, "active": active, "failed": 0, "completed": completed}}
+    busy, drained = status(153, 208), status(0, 0, completed=1200)
+    assert control.needs_write(busy, drained, control.FIGURES_SOON)
+    assert control.needs_write(drained, busy, control.FIGURES_SOON)  # work arrived
+    assert not control.needs_write(busy, drained, control.FIGURES_SOON - 1)  # a queue flapping: bounded
+    assert not control.needs_write(busy, status(100, 208), control.FIGURES_SOON)  # busy either way
+    assert not control.needs_write(drained, status(0, 0, completed=1300), control.FIGURES_SOON)  # idle either way
+    assert control.FIGURES_SOON < control.FIGURES_EVERY
+
+
 def test_needs_apply_sees_drift_also_across_a_restart():
     from effectmq_operator import builders
     from effectmq_operator.spec import QueueSpec

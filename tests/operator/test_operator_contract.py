@@ -4,6 +4,7 @@ Real control plane, real Redis, the operator as a process."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import time
@@ -338,6 +339,41 @@ def test_queue_without_worker_and_a_name_too_long(kube_control_plane, kube_names
     assert result.returncode != 0 and "at most 63 characters" in result.stderr, result.stderr
     columns = plane.kubectl("get", "queue", "settings-only", "-n", ns).stdout.split("\n")[0].split()
     assert {"READY", "DESIRED"} <= set(columns), columns
+
+
+def test_a_drained_queue_shows_it_within_seconds(kube_control_plane, kube_namespace, start_operator, redis_url):
+    """Found by hand on the one-node cluster: a burst ran out and the Queue said 153
+    waiting and 208 active for half a minute; backlog figures alone were written once
+    a minute. A queue that drained (or got work) now says so within FIGURES_SOON."""
+    from effectmq_operator.control import FIGURES_EVERY, FIGURES_SOON
+
+    plane, ns = kube_control_plane, kube_namespace
+    start_operator()
+    manifest = yaml.safe_load(queue_manifest("figures", redis_url, scaling=FAST))
+    del manifest["spec"]["worker"]  # no Deployment: no scaling write carries the figures along
+    apply(plane, ns, yaml.safe_dump(manifest))
+    wait_for(lambda: is_ready(plane, ns, "queue", "figures"), timeout=60, what="Ready")
+    backlog = lambda: get(plane, ns, "queue", "figures")["status"].get("backlog") or {}  # noqa: E731
+    async def drain(q: effectmq.TaskQueue) -> None:
+        leases, _ = await q.acquire_many(10)
+        assert len(leases) == 3
+        for lease in leases:
+            await lease.complete("done")
+
+    loop = asyncio.new_event_loop()
+    q = effectmq.TaskQueue(f"{ns}/figures", url=redis_url)
+    try:
+        loop.run_until_complete(q.offer_many([("send_email", {"to": "a@b.c"})] * 3))
+        wait_for(lambda: backlog().get("waiting") == 3, timeout=FIGURES_SOON + 10, what="the work shown")
+        loop.run_until_complete(drain(q))
+        drained = time.monotonic()
+        wait_for(lambda: backlog().get("waiting") == 0 and backlog().get("active") == 0,
+                 timeout=FIGURES_EVERY, interval=0.2, what="the drained queue shown")
+        took = time.monotonic() - drained
+        assert took < FIGURES_SOON + 5, f"the drained queue showed after {took:.1f}s"
+    finally:
+        loop.run_until_complete(q.close())
+        loop.close()
 
 
 def test_the_operator_uses_tls_like_the_workers(kube_control_plane, kube_namespace, start_operator, tmp_path):
