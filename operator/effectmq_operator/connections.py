@@ -43,7 +43,8 @@ SCHEDULER_NAMESPACE = "k8s"  # schedules live under {emq-sched:k8s} in each Queu
 CONNECTIONS_PER_REDIS = 8  # also the polls at once per Redis: each uses one connection at a time
 IDLE_CLIENT = 600.0  # seconds unused after which a Redis client is closed (a slower poll just reconnects)
 SLOT_WAIT = 1.0  # seconds without any poll finishing on a Redis after which one waiting for a turn gives up
-URL_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")  # effectmq.cluster
+URL_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://",  # effectmq.cluster
+               "redis+sentinel://", "rediss+sentinel://")  # effectmq.sentinel
 
 
 class ConfigProblem(Exception):
@@ -166,8 +167,8 @@ class Connections:
             url, where = redis.url or "", "spec.redis.url"
         if not url.startswith(URL_SCHEMES):
             # Never echo the value: a mistyped Secret may hold a bare password.
-            raise ConfigProblem("InvalidRedisURL", f"{where} does not hold a redis://, rediss://, unix:// "
-                                                   "or redis+cluster:// URL")
+            raise ConfigProblem("InvalidRedisURL", f"{where} does not hold a redis://, rediss://, unix://, "
+                                                   "redis+cluster:// or redis+sentinel:// URL")
         ca = None
         if redis.tls.ca_from:
             ca = (await self._secret(namespace, redis.tls.ca_from)).decode(errors="replace")
