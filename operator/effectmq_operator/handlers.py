@@ -37,6 +37,29 @@ class _QuietWatch(logging.Filter):
         return not (message.endswith("succeeded.") and "_event'" in message)
 
 
+class _RetriesAreWarnings(logging.Filter):
+    """kopf logs every API request it retries at ERROR; a retry is routine (an API server
+    restarting, a new CRD's storage initializing) and a request that runs out of retries
+    is still logged at ERROR ("escalating")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.ERROR and record.name.startswith("kopf") \
+                and "failed; will retry:" in record.getMessage():
+            record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+        return True
+
+
+QUIET_WATCH, RETRIES_ARE_WARNINGS = _QuietWatch(), _RetriesAreWarnings()
+
+
+def quiet_kopf_logs() -> None:
+    """kopf's routine lines at the level they deserve. The retry filter sits on the root
+    handlers (kopf logs retries on the logger of whatever asked)."""
+    logging.getLogger("kopf.objects").addFilter(QUIET_WATCH)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RETRIES_ARE_WARNINGS)
+
+
 def loop_watch(warn_after: float = LOOP_BLOCK_WARNING) -> LoopWatch:
     """The watchdog of the operator's loop: a block is logged with where the loop is stuck."""
     return LoopWatch(warn_after, lag=metrics.LOOP_LAG, logger=logging.getLogger("effectmq.operator"),
@@ -45,7 +68,7 @@ def loop_watch(warn_after: float = LOOP_BLOCK_WARNING) -> LoopWatch:
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
-    logging.getLogger("kopf.objects").addFilter(_QuietWatch())
+    quiet_kopf_logs()
     settings.posting.level = logging.WARNING  # routine logs stay logs
     settings.posting.reporting_component = "effectmq-operator"
     # A watch on a silently dead connection must not hang forever.
