@@ -29,7 +29,7 @@ import redis.asyncio as aioredis
 
 import effectmq
 from effectmq.connection import TlsOptions, connect
-from effectmq.redaction import redact_url, scrub, url_secrets
+from effectmq.redaction import SCHEMES, redact_url, scrub, url_secrets
 from effectmq.scheduler import Scheduler
 
 from .kube import Kube, api_error
@@ -43,8 +43,7 @@ SCHEDULER_NAMESPACE = "k8s"  # schedules live under {emq-sched:k8s} in each Queu
 CONNECTIONS_PER_REDIS = 8  # also the polls at once per Redis: each uses one connection at a time
 IDLE_CLIENT = 600.0  # seconds unused after which a Redis client is closed (a slower poll just reconnects)
 SLOT_WAIT = 1.0  # seconds without any poll finishing on a Redis after which one waiting for a turn gives up
-URL_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://",  # effectmq.cluster
-               "redis+sentinel://", "rediss+sentinel://")  # effectmq.sentinel
+URL_PREFIXES = tuple(f"{scheme}://" for scheme in sorted(SCHEMES))  # what effectmq.connection.connect takes
 
 
 class ConfigProblem(Exception):
@@ -165,7 +164,7 @@ class Connections:
                 raise ConfigProblem("InvalidRedisURL", f"{where} is not UTF-8 text") from None
         else:
             url, where = redis.url or "", "spec.redis.url"
-        if not url.startswith(URL_SCHEMES):
+        if not url.startswith(URL_PREFIXES):
             # Never echo the value: a mistyped Secret may hold a bare password.
             raise ConfigProblem("InvalidRedisURL", f"{where} does not hold a redis://, rediss://, unix://, "
                                                    "redis+cluster:// or redis+sentinel:// URL")

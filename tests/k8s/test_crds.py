@@ -262,6 +262,21 @@ def test_invalid_resources_are_rejected(kube_control_plane, effectmq_crds, kube_
     assert "is invalid" in result.stderr  # kubectl's readable 'The Queue "q" is invalid: ...'
 
 
+def test_the_crd_takes_every_url_form_the_runtime_connects_to(kube_control_plane, effectmq_crds, kube_namespace):
+    """One list of URL forms (effectmq.redaction.SCHEMES) for connect(), the operator and
+    this CRD's rule: the CRD once refused redis+sentinel:// that everything else took."""
+    from effectmq.redaction import SCHEMES
+
+    for scheme in sorted(SCHEMES):
+        name = scheme.replace("+", "-")
+        body = manifest(QUEUE, name=name, redis={"url": f"{scheme}://h:1/0"})
+        result = kube_control_plane.kubectl("create", "-n", kube_namespace, "-f", "-", input=body, check=False)
+        assert result.returncode == 0, f"{scheme}:// refused: {result.stderr}"
+    body = manifest(QUEUE, name="http", redis={"url": "http://h:1/0"})
+    result = kube_control_plane.kubectl("create", "-n", kube_namespace, "-f", "-", input=body, check=False)
+    assert result.returncode != 0 and "redis.url must start with" in result.stderr, result.stderr
+
+
 def test_queue_ref_is_immutable(kube_control_plane, effectmq_crds, kube_namespace):
     kube, ns = kube_control_plane, kube_namespace
     kube.kubectl("create", "-n", ns, "-f", "-", input=manifest(SCHEDULE))
