@@ -32,24 +32,36 @@ Returns: {now, deadline, next_due, status, ready, due, outcomes, leases...}
 leases...: 10 values each: id, token, attempt, name, payload, handler_failure_count,
   stalled_attempt_count, max_retries, options, priority
 ]]
+local MAX_PROMOTE_BATCH = 1000  -- the client's bound too (protocol.MAX_PROMOTE_BATCH)
 local now = now_ms()
 local retention = meta_num('retention_completed_ms', ARGV[7])
 local receipts = use_receipts(ARGV[8], ARGV[9])
-local outcomes = complete_each(10, retention)
-local count = tonumber(ARGV[1])
+local outcomes, completed = complete_each(10, retention)
+local count = tonumber(ARGV[1]) or 0
 local window = tonumber(ARGV[5])
 local lock_timeout = meta_num('lock_timeout_ms', ARGV[2])
 local deadline = now + lock_timeout
 local out = {now, deadline, 0, 'ok'}
 out[5], out[6], out[7] = {}, {}, outcomes
 local candidates, key_of = declared_ids((#ARGV - 9) / 3, receipts)
--- Each waiting candidate's score (a due one promoted first).
+-- Each waiting candidate's score (a due one promoted first: its new score). In slices:
+-- unpack() of more than about 8,000 values fails, and the caller decides how many come.
 local scores = {}
-if #candidates > 0 then scores = redis.call('ZMSCORE', K_WAITING, unpack(candidates)) end
+local promoted_scores = {}  -- id -> score of the candidates promoted here (not yet in Redis)
+for from = 1, #candidates, 1000 do
+  local part = redis.call('ZMSCORE', K_WAITING, unpack(candidates, from, math.min(from + 999, #candidates)))
+  for j = 1, #part do scores[from + j - 1] = part[j] end
+end
 for i, id in ipairs(candidates) do
-  local score = scores[i]
-  if not score and promote_if_due(id, now) then score = redis.call('ZSCORE', K_WAITING, id) end
-  scores[i] = tonumber(score)
+  local score = tonumber(scores[i])
+  if not score then
+    local promoted = promote_if_due(id, now)
+    if type(promoted) == 'number' then
+      score = promoted
+      promoted_scores[id] = promoted
+    end
+  end
+  scores[i] = score
 end
 if meta_num('paused', DEFAULTS.paused) == 1 then
   out[3] = next_due()
@@ -58,7 +70,7 @@ if meta_num('paused', DEFAULTS.paused) == 1 then
 end
 local max_active = meta_num('max_active', DEFAULTS.max_active)
 if max_active > 0 then
-  local room = max_active - redis.call('ZCARD', K_ACTIVE)
+  local room = max_active - (redis.call('ZCARD', K_ACTIVE) - completed)  -- their removal is still queued
   if room < count then count = room end
   if count <= 0 then
     out[3] = next_due()
@@ -67,9 +79,14 @@ if max_active > 0 then
   end
 end
 
--- The end of the head's priority band (scores below it share the head's priority).
+-- The head of waiting (a candidate promoted here may be it), and the end of its priority
+-- band (scores below it share the head's priority).
 local head = redis.call('ZRANGE', K_WAITING, '0', '0', 'WITHSCORES')
-local band = head[2] and (math.floor(tonumber(head[2]) / PRIORITY_SPAN) + 1) * PRIORITY_SPAN
+local head_id, head_score = head[1], tonumber(head[2])
+for id, score in pairs(promoted_scores) do
+  if not head_score or score < head_score then head_id, head_score = id, score end
+end
+local band = head_score and (math.floor(head_score / PRIORITY_SPAN) + 1) * PRIORITY_SPAN
 
 -- K_PEEKED holds "token_prefix score" of the last waiting id a reply named (the caller
 -- is no longer read; it is still written for workers of an older version).
@@ -89,8 +106,7 @@ end
 -- later into a band before it (a retry, a release, a higher priority) was named to nobody.
 local picks, pick_scores = {}, {}  -- ids and their scores, sorted by score below
 local SORT_INLINE = 64  -- picks sorted inline at most: 2,016 comparisons in reverse order
-local head_score = tonumber(head[2])
-if head_score and (key_of[head[1]] or (last_score and head_score <= last_score
+if head_score and (key_of[head_id] or (last_score and head_score <= last_score
     and head_score % PRIORITY_SPAN <= last_score % PRIORITY_SPAN)) then
   local limit = band
   local edge_rank = int_text(window - 1)
@@ -121,9 +137,12 @@ else
   table.sort(picks, function(a, b) return score_of[a] < score_of[b] end)
 end
 local taking = math.min(count, #picks)  -- the first picks
+local taken = {}  -- the ids leased here (still in Redis's waiting index until the writes go)
 if taking > 0 then
-  redis.call('ZREM', K_WAITING, unpack(picks, 1, taking))
-  local seq = redis.call('INCRBY', K_SEQ, int_text(taking)) - taking  -- one sequence number per lease token
+  local leasing = {}
+  for i = 1, taking do leasing[i] = picks[i] end
+  zrem_all(K_WAITING, leasing)
+  local seq = take_seq(taking) - 1  -- one sequence number per lease token
   local leased = {}  -- deadline, id pairs for the active index
   local deadline_text = int_text(deadline)  -- formatted once, as now_text()
   local n = #out
@@ -145,7 +164,8 @@ if taking > 0 then
         attempt_text = int_text(attempt)
       end
       local token = ARGV[3] .. ':' .. int_text(seq + i)
-      redis.call('HSET', key, 'state', 'active', 'token', token, 'lock_until', deadline_text, 'started_at', now_text(),
+      taken[id] = true
+      write('HSET', key, 'state', 'active', 'token', token, 'lock_until', deadline_text, 'started_at', now_text(),
         'attempt', attempt_text)
       leased[#leased + 1] = deadline_text
       leased[#leased + 1] = id
@@ -156,7 +176,7 @@ if taking > 0 then
       emit('active', id, 'attempt', attempt)
     end
   end
-  if #leased > 0 then redis.call('ZADD', K_ACTIVE, unpack(leased)) end
+  for i = 1, #leased, 1000 do write('ZADD', K_ACTIVE, unpack(leased, i, math.min(i + 999, #leased))) end
 end
 
 -- Name the next ids: the candidates left over, then after the ids the last caller was
@@ -172,24 +192,34 @@ end
 if #named < peek then
   -- After the last named ids while all the ids named would still be within the window
   -- (the next call could not lease those past it), else from the head.
+  -- Redis's waiting index still holds the ids leased here (their removal is queued): they
+  -- are counted out, and read past.
   local from = '-inf'
-  if last_score and band and last_score < band
-      and redis.call('ZCOUNT', K_WAITING, '-inf', last_text) + peek - #named <= window then
-    from = '(' .. last_text
+  if last_score and band and last_score < band then
+    local before = redis.call('ZCOUNT', K_WAITING, '-inf', last_text)
+    for i = 1, taking do
+      if pick_scores[i] <= last_score then before = before - 1 end
+    end
+    if before + peek - #named <= window then from = '(' .. last_text end
   end
-  local fresh = redis.call('ZRANGE', K_WAITING, from, '+inf', 'BYSCORE', 'LIMIT', '0', int_text(peek - #named))
+  local limit = int_text(peek - #named + taking)
+  local fresh = redis.call('ZRANGE', K_WAITING, from, '+inf', 'BYSCORE', 'LIMIT', '0', limit, 'WITHSCORES')
   if #fresh == 0 and from ~= '-inf' then
-    fresh = redis.call('ZRANGE', K_WAITING, '-inf', '+inf', 'BYSCORE', 'LIMIT', '0', int_text(peek - #named))
+    fresh = redis.call('ZRANGE', K_WAITING, '-inf', '+inf', 'BYSCORE', 'LIMIT', '0', limit, 'WITHSCORES')
   end
-  for i = 1, #fresh do
-    if not listed[fresh[i]] then named[#named + 1] = fresh[i] end
+  for i = 1, #fresh, 2 do
+    if not listed[fresh[i]] and not taken[fresh[i]] and #named < peek then named[#named + 1] = fresh[i] end
   end
   if #fresh > 0 then  -- a hint: at maxmemory it may be this call's first write, and refused (FIRST_WRITE_FREES)
-    redis.pcall('SET', K_PEEKED, ARGV[3] .. ' ' .. redis.call('ZSCORE', K_WAITING, fresh[#fresh]))
+    hint('SET', K_PEEKED, ARGV[3] .. ' ' .. fresh[#fresh])
   end
 end
 out[3] = next_due()
-if out[3] >= 0 and out[3] <= now then  -- some delayed tasks are due: name them
-  out[6] = redis.call('ZRANGE', K_DELAYED, '-inf', now_text(), 'BYSCORE', 'LIMIT', '0', ARGV[4])
+if out[3] >= 0 and out[3] <= now then  -- some delayed tasks are due: name them (a bounded batch)
+  local batch = int_text(math.max(1, math.min(tonumber(ARGV[4]) or 100, MAX_PROMOTE_BATCH)))
+  local due = redis.call('ZRANGE', K_DELAYED, '-inf', now_text(), 'BYSCORE', 'LIMIT', '0', batch)
+  for _, id in ipairs(due) do
+    if not promoted_scores[id] then out[6][#out[6] + 1] = id end  -- not those promoted here
+  end
 end
 return finish(out)

@@ -13,7 +13,7 @@ if not state then return '' end
 if state ~= 'waiting' and state ~= 'delayed' and state ~= 'active' then return state end
 local now = now_ms()
 drop_from_indexes(id, state)
-redis.call('HSET', key, 'error', ARGV[2])
+write('HSET', key, 'error', stored_error(ARGV[2], 'canceled'))
 emit('canceled', id, 'was', state)
 settle(id, key, 'canceled', K_CANCELED, meta_num('retention_failed_ms', ARGV[3]), now)
 if state == 'active' then freed_slot() end

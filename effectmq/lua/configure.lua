@@ -8,11 +8,14 @@ ARGV[1...] settings...: 2 values each: field, value
 Returns: written  the number of fields written. Wakes idle workers (resume, a larger
   max_active).
 ]]
+meta_value('paused')  -- the meta hash read, then changed here as it will be: emit reads the new settings
 for i = 1, #ARGV, 2 do
   -- Dropped first, a write that frees: a full Redis can still be paused (lib.lua's FIRST_WRITE_FREES).
-  redis.call('HDEL', K_META, ARGV[i])
-  if ARGV[i + 1] ~= '' then redis.call('HSET', K_META, ARGV[i], ARGV[i + 1]) end
+  write('HDEL', K_META, ARGV[i])
+  if ARGV[i + 1] ~= '' then write('HSET', K_META, ARGV[i], ARGV[i + 1]) end
+  meta_cache[ARGV[i]] = ARGV[i + 1]
 end
 emit('configured', '')
 wake()
+commit()
 return #ARGV / 2

@@ -3,7 +3,8 @@ KEYS: the queue keys of lib.lua, then the task hash of ARGV's id, then the recei
   each id in `receipts`.
 ARGV[1] id
 ARGV[2] token
-ARGV[3] error           JSON object with at least "tag"
+ARGV[3] error           JSON object with at least "tag" (one that cannot be stored is
+  replaced by a placeholder saying why: the failure still counts)
 ARGV[4] retry_delay_ms  delay before the next attempt; -1 = this failure is not retryable
 ARGV[5] max_retries     the default (task option, then meta max_retries, then this)
 ARGV[6] retention_ms    for failed records (meta retention_failed_ms wins; -1 = keep)
@@ -15,21 +16,22 @@ Returns: {outcome, handler_failure_count, retry_at}
 ]]
 local id, token = ARGV[1], ARGV[2]
 local now = now_ms()
-local key = owned(id, token, now)
+local key, lease = owned(id, token, now)
 if not key then
   use_receipts('', ARGV[7])
   return {outcome_of(id, token), -1, -1}
 end
-redis.call('ZREM', K_ACTIVE, id)  -- the first write frees (FIRST_WRITE_FREES)
-local failures = redis.call('HINCRBY', key, 'handler_failure_count', 1)
+write('ZREM', K_ACTIVE, id)  -- the first write frees (FIRST_WRITE_FREES)
+local failures = (tonumber(redis.call('HGET', key, 'handler_failure_count')) or 0) + 1
 local max_retries = task_option(key, 'max_retries', 'max_retries', ARGV[5])
-local delay = tonumber(ARGV[4])
-redis.call('HSET', key, 'error', ARGV[3])
-record_attempt(key, 'failed', ARGV[3], now)
+local delay = tonumber(ARGV[4]) or -1
+local error_json = stored_error(ARGV[3], 'handler')
+write('HSET', key, 'handler_failure_count', int_text(failures), 'error', error_json)
+record_attempt(key, 'failed', error_json, now)
 if delay >= 0 and failures <= max_retries then
   local at = now + delay
   record_outcome(key, token, OUTCOME_RETRY)
-  emit('failed', id, 'kind', 'handler', 'retry_at', at)
+  emit('failed', id, 'kind', 'handler', 'retry_at', int_text(at))
   if delay > 0 then
     enqueue_delayed(id, key, at)
     freed_slot()
@@ -41,6 +43,6 @@ if delay >= 0 and failures <= max_retries then
 end
 record_outcome(key, token, OUTCOME_FAILED)
 emit('failed', id, 'kind', 'handler', 'retry_at', -1)
-settle(id, key, 'failed', K_FAILED, meta_num('retention_failed_ms', ARGV[6]), now)
+settle(id, key, 'failed', K_FAILED, meta_num('retention_failed_ms', ARGV[6]), now, nil, lease, '3')  -- '3': OUTCOME_FAILED as text
 freed_slot()
 return finish({OUTCOME_FAILED, failures, -1})

@@ -62,6 +62,24 @@ local QUEUE_KEYS = 16  -- KEYS after these are task hashes
 local TASK_PREFIX = BASE .. 't:'
 local DECLARED = nil  -- the declared task hashes, a set built on the first lookup
 
+-- VALIDATE BEFORE THE FIRST WRITE (runtime rule 7). Redis keeps what a script wrote before
+-- it failed, so no script calls a write command itself: it queues it with write(), and
+-- commit(), at its end (finish), sends the queued writes in order. Every read, decode,
+-- encode and check of a call thus comes before its first write, and after that only
+-- writes whose arguments are already computed run: nothing that can fail. Reads see the
+-- state before the call; what the call itself changed it keeps in its own tables (seq_used,
+-- settled_here, created_here). Notifications are hints (hint()): sent after the writes,
+-- through pcall, so a channel an ACL denies never fails a call.
+-- tests/runtime/test_write_rule.py injects an error at every step of every script.
+local queued_writes = {}  -- this call's writes, in order, each a command table
+local queued_hints = {}  -- this call's PUBLISHes, sent after its writes
+local function write(...)
+  queued_writes[#queued_writes + 1] = {...}
+end
+local function hint(...)
+  queued_hints[#queued_hints + 1] = {...}
+end
+
 -- The ids of the declared task hashes, in KEYS order, each once (after the first `skip`,
 -- before the last `tail`: receipts), and their keys by id.
 local function declared_ids(skip, tail)
@@ -115,9 +133,41 @@ end
 
 -- An integer as text. Redis turns a Lua number argument into text with printf's %.17g
 -- (and Lua's `..` with %.14g): floating-point formatting, several times the cost of %d.
+-- Clamped to +-2^53 (285,000 years of ms): '%d' of 2^63 or more prints a negative number,
+-- and a huge retention or dedup window must mean 'for ever', never 'already over'.
+local MAX_INT = 9007199254740992
 local function int_text(n)
+  if n > MAX_INT then n = MAX_INT elseif n < -MAX_INT then n = -MAX_INT end
   return string.format('%d', n)
 end
+
+-- Sequence numbers (FIFO order within a priority band, lease tokens): the counter is read
+-- once, numbers are handed out here, and commit() adds how many were taken.
+local seq_base, seq_used = nil, 0
+local function take_seq(n)
+  if seq_base == nil then
+    seq_base = tonumber(redis.call('GET', K_SEQ) or '0')
+    if seq_base == nil or seq_base ~= math.floor(seq_base) then error('corrupt sequence counter ' .. K_SEQ) end
+  end
+  seq_used = seq_used + n
+  return seq_base + seq_used - n + 1
+end
+
+-- Send the queued writes in order, then the hints (whose failure changes nothing).
+local function commit()
+  for i = 1, #queued_writes do redis.call(unpack(queued_writes[i])) end
+  if seq_used > 0 then
+    redis.call('INCRBY', K_SEQ, int_text(seq_used))
+    seq_base, seq_used = seq_base + seq_used, 0
+  end
+  for i = 1, #queued_hints do redis.pcall(unpack(queued_hints[i])) end
+  queued_writes, queued_hints = {}, {}
+end
+
+-- What this call changed that its later reads of Redis would not show yet.
+local settled_here = {}  -- lease token -> the outcome it settled with in this call
+local touched = {}  -- ids this call settled: no token owns them any more
+local promoted_here = 0  -- delayed tasks this call moved to waiting
 
 local now_string = nil
 -- now_ms() as text, formatted once.
@@ -172,7 +222,7 @@ local function emit(event, id, ...)
       (meta_num('events_always', DEFAULTS.events_always) == 1 or (meta_value('events_until') or 0) > now_ms())
   end
   if events_on then
-    redis.call('XADD', K_EVENTS, 'MAXLEN', '~', meta_num('events_maxlen', DEFAULTS.events_maxlen),
+    write('XADD', K_EVENTS, 'MAXLEN', '~', meta_num('events_maxlen', DEFAULTS.events_maxlen),
       '*', 'event', event, 'id', id, 'at', now_ms(), ...)
   end
 end
@@ -192,29 +242,78 @@ local function flush_counts()
   local minute = math.floor(now_ms() / 60000)
   local slot, minute_text = int_text(minute % MINUTE_SLOTS), int_text(minute)
   if redis.call('HGET', K_MINUTES, 'm:' .. slot) == minute_text then
-    if c > 0 then redis.call('HINCRBY', K_MINUTES, 'c:' .. slot, int_text(c)) end
-    if f > 0 then redis.call('HINCRBY', K_MINUTES, 'f:' .. slot, int_text(f)) end
+    if c > 0 then write('HINCRBY', K_MINUTES, 'c:' .. slot, int_text(c)) end
+    if f > 0 then write('HINCRBY', K_MINUTES, 'f:' .. slot, int_text(f)) end
   else
-    redis.call('HSET', K_MINUTES, 'm:' .. slot, minute_text, 'c:' .. slot, int_text(c), 'f:' .. slot, int_text(f))
+    write('HSET', K_MINUTES, 'm:' .. slot, minute_text, 'c:' .. slot, int_text(c), 'f:' .. slot, int_text(f))
   end
   settled_counts = {}
+end
+
+-- An error as stored: the caller's JSON when it is an object Lua can read and at most
+-- MAX_ERROR_BYTES long, else a placeholder that says why. Checked before any write, so
+-- no error value, however odd, can stop a settlement half done.
+local MAX_ERROR_BYTES = 1048576
+local function stored_error(error_json, kind)
+  local why
+  if #error_json > MAX_ERROR_BYTES then
+    why = 'larger than ' .. MAX_ERROR_BYTES .. ' bytes (' .. #error_json .. ')'
+  else
+    local ok, value = pcall(cjson.decode, error_json)
+    if not ok then
+      why = 'not readable JSON (' .. string.sub(tostring(value), 1, 200) .. ')'
+    elseif type(value) ~= 'table' or type(value.tag) ~= 'string' then
+      why = 'not a JSON object with a tag'
+    else
+      return error_json
+    end
+  end
+  return cjson.encode({tag = '~effectmq/Error/Defect', kind = kind,
+    message = 'the error could not be stored: ' .. why})
 end
 
 -- Attempts that ended without success, kept on the task (newest last, at most
 -- ATTEMPTS_KEPT) for its history: {attempt, outcome, at[, error]}.
 local ATTEMPTS_KEPT = 20
 local function record_attempt(key, outcome, error_json, now)
-  local f = redis.call('HMGET', key, 'attempt', 'attempts')
-  local ok, list = pcall(cjson.decode, f[2] or '[]')
-  if not ok or type(list) ~= 'table' then list = {} end
-  local entry = {attempt = tonumber(f[1]) or 0, outcome = outcome, at = now}
-  if error_json then
-    local decoded_ok, err = pcall(cjson.decode, error_json)
-    if decoded_ok then entry.error = err end
+  local f = redis.call('HMGET', key, 'attempt', 'attempts', 'attempt_sizes')
+  local entry = '{"attempt":' .. int_text(tonumber(f[1]) or 0) .. ',"outcome":"' .. outcome .. '","at":' .. int_text(now)
+  if error_json then entry = entry .. ',"error":' .. error_json end
+  entry = entry .. '}'
+  local body, sizes = '', {}
+  local text = f[2] or '[]'
+  if text ~= '[]' and text ~= '' then
+    local total = 1  -- the brackets, less the comma the first entry has none of
+    for size in string.gmatch(f[3] or '', '%d+') do
+      sizes[#sizes + 1] = tonumber(size)
+      total = total + sizes[#sizes] + 1
+    end
+    if #sizes > 0 and total == #text then
+      body = string.sub(text, 2, -2)
+    else  -- a history written before attempt_sizes (or by an older version since): read it once
+      sizes = {}
+      local ok, list = pcall(cjson.decode, text)
+      local parts = {}
+      if ok and type(list) == 'table' then
+        for _, item in ipairs(list) do
+          local encoded, part = pcall(cjson.encode, item)
+          if encoded then
+            parts[#parts + 1] = part
+            sizes[#sizes + 1] = #part
+          end
+        end
+      end
+      body = table.concat(parts, ',')
+    end
   end
-  list[#list + 1] = entry
-  while #list > ATTEMPTS_KEPT do table.remove(list, 1) end
-  redis.call('HSET', key, 'attempts', cjson.encode(list))
+  local drop = 0  -- bytes of the oldest entries that go
+  while #sizes >= ATTEMPTS_KEPT do
+    drop = drop + table.remove(sizes, 1) + 1
+  end
+  if drop > 0 then body = string.sub(body, drop + 1) end
+  if body == '' then body = entry else body = body .. ',' .. entry end
+  sizes[#sizes + 1] = #entry
+  write('HSET', key, 'attempts', '[' .. body .. ']', 'attempt_sizes', table.concat(sizes, ' '))
 end
 
 -- Idle workers may acquire again. `ids` (optional) names tasks now waiting: the message
@@ -226,20 +325,21 @@ local function wake(ids)
   if ids and #ids > 0 then
     message = cjson.encode({unpack(ids, 1, math.min(#ids, WAKE_IDS))})
   end
-  redis.call('PUBLISH', BASE .. 'wake', message)
+  hint('PUBLISH', BASE .. 'wake', message)
 end
 
 -- Put a task into the waiting index (its priority band, FIFO by seq).
-local function enqueue_waiting(id, key, now)
-  local prio = tonumber(redis.call('HGET', key, 'priority') or '0')
-  local seq = redis.call('INCR', K_SEQ)
-  redis.call('ZADD', K_WAITING, (-prio) * PRIORITY_SPAN + seq, id)
-  redis.call('HSET', key, 'state', 'waiting', 'ready_at', now)
+local function enqueue_waiting(id, key, now, prio)
+  if prio == nil then prio = tonumber(redis.call('HGET', key, 'priority') or '0') or 0 end
+  local score = (-prio) * PRIORITY_SPAN + take_seq(1)
+  write('ZADD', K_WAITING, int_text(score), id)
+  write('HSET', key, 'state', 'waiting', 'ready_at', int_text(now))
+  return score
 end
 
 local function enqueue_delayed(id, key, due)
-  redis.call('ZADD', K_DELAYED, due, id)
-  redis.call('HSET', key, 'state', 'delayed', 'ready_at', due)
+  write('ZADD', K_DELAYED, int_text(due), id)
+  write('HSET', key, 'state', 'delayed', 'ready_at', int_text(due))
 end
 
 -- Index entries added during a call, written at its end with one ZADD per index
@@ -260,7 +360,7 @@ local function flush_adds()
   for _, index in ipairs(pending_order) do
     local list = pending_adds[index]
     for i = 1, #list, 1000 do
-      redis.call('ZADD', index, unpack(list, i, math.min(i + 999, #list)))
+      write('ZADD', index, unpack(list, i, math.min(i + 999, #list)))
     end
   end
   pending_adds, pending_order = {}, {}
@@ -294,7 +394,7 @@ local function forget(id, key, now, lease, outcome)
       zadd_later(K_SETTLED, resend_text, outcome .. ':' .. f[3])
     end
   end
-  redis.call('DEL', key)
+  write('DEL', key)
 end
 
 -- Receipts. A call that completes tasks and deletes their records keeps the tokens it
@@ -346,21 +446,22 @@ local function keep_receipt()
   if #receipt.tokens == 1 then
     zadd_later(K_SETTLED, int_text(receipt.until_ms), '1:' .. receipt.tokens[1])  -- OUTCOME_COMPLETED
   else
-    redis.call('SET', receipt.key, ' ' .. table.concat(receipt.tokens, ' ') .. ' ', 'PX',
-      int_text(receipt.until_ms - now_ms()))
+    write('SET', receipt.key, ' ' .. table.concat(receipt.tokens, ' ') .. ' ', 'PX',
+      int_text(math.max(1, receipt.until_ms - now_ms())))
   end
   receipt.tokens = {}
 end
 
 -- Remember that `token` settled this task with `outcome`.
 local function record_outcome(key, token, outcome)
-  redis.call('HSET', key, 'token', '', 'last_token', token, 'last_outcome', outcome)
+  write('HSET', key, 'token', '', 'last_token', token, 'last_outcome', outcome)
+  settled_here[token] = outcome
 end
 
 -- How `token` settled this task (0 = it did not, or it is no longer known).
 local function outcome_of(id, token)
   if token == '' then return 0 end
-  flush_adds()  -- this call may have settled it already
+  if settled_here[token] then return settled_here[token] end  -- settled by this call
   local f = redis.call('HMGET', task_key(id), 'last_token', 'last_outcome')
   if f[1] == token then return tonumber(f[2]) or 0 end
   if in_receipts(token) then return OUTCOME_COMPLETED end
@@ -379,7 +480,7 @@ end
 -- stack with unpack().
 local function zrem_all(index, members, from)
   for i = from or 1, #members, 1000 do
-    redis.call('ZREM', index, unpack(members, i, math.min(i + 999, #members)))
+    write('ZREM', index, unpack(members, i, math.min(i + 999, #members)))
   end
 end
 
@@ -392,9 +493,11 @@ local anybody_waits = nil
 -- kept for 0 ms is deleted at once, with nothing written to it first.
 local function settle(id, key, state, index_key, retention_ms, now, extra, lease, outcome)
   count_settled(state)
+  touched[id] = true
   if anybody_waits == nil then anybody_waits = redis.call('EXISTS', K_WAITERS) == 1 end
-  if anybody_waits and redis.call('ZREM', K_WAITERS, id) == 1 then
-    redis.call('PUBLISH', BASE .. 'done:' .. id, state)
+  if anybody_waits and redis.call('ZSCORE', K_WAITERS, id) then
+    write('ZREM', K_WAITERS, id)
+    hint('PUBLISH', BASE .. 'done:' .. id, state)
   end
   if retention_ms == 0 then
     forget(id, key, now, lease, outcome)
@@ -402,7 +505,7 @@ local function settle(id, key, state, index_key, retention_ms, now, extra, lease
   end
   local fields = {'state', state, 'finished_at', now_text(), 'token', ''}
   for _, v in ipairs(extra or {}) do fields[#fields + 1] = v end
-  redis.call('HSET', key, unpack(fields))
+  write('HSET', key, unpack(fields))
   if retention_ms < 0 then
     zadd_later(index_key, '+inf', id)
   else
@@ -415,6 +518,7 @@ local function finish(reply)
   keep_receipt()
   flush_adds()
   flush_counts()
+  commit()
   return reply
 end
 
@@ -432,6 +536,7 @@ end
 -- Is the caller the current owner, with a lease that has not run out by Redis time?
 -- Returns the task key when it is, and {extra, state, token, lock_until (a number)}.
 local function owned(id, token, now, key)
+  if touched[id] then return nil end  -- this call settled it already
   key = key or task_key(id)
   local st = redis.call('HMGET', key, 'extra', 'state', 'token', 'lock_until')
   if st[2] == 'active' and st[3] == token and token ~= '' then
@@ -445,35 +550,33 @@ local function owned(id, token, now, key)
 end
 
 local function drop_from_indexes(id, state)
-  if state == 'waiting' then
-    redis.call('ZREM', K_WAITING, id)
-  elseif state == 'delayed' then
-    redis.call('ZREM', K_DELAYED, id)
-  elseif state == 'active' then
-    redis.call('ZREM', K_ACTIVE, id)
-  elseif state == 'completed' then
-    redis.call('ZREM', K_COMPLETED, id)
-  elseif state == 'failed' then
-    redis.call('ZREM', K_FAILED, id)
-  elseif state == 'canceled' then
-    redis.call('ZREM', K_CANCELED, id)
-  end
+  local index = ({waiting = K_WAITING, delayed = K_DELAYED, active = K_ACTIVE, completed = K_COMPLETED,
+    failed = K_FAILED, canceled = K_CANCELED})[state]
+  if index then write('ZREM', index, id) end
 end
 
 -- Move a declared delayed task into waiting if it is due; true when it was.
 local function promote_if_due(id, now)
   local due = redis.call('ZSCORE', K_DELAYED, id)
   if not due or tonumber(due) > now then return false end
-  redis.call('ZREM', K_DELAYED, id)
+  write('ZREM', K_DELAYED, id)
+  promoted_here = promoted_here + 1
   local key = task_key(id)
   if redis.call('EXISTS', key) == 1 then
-    enqueue_waiting(id, key, now)
+    return enqueue_waiting(id, key, now)
   end
   return true
 end
 
 local function next_due()
   local first = redis.call('ZRANGE', K_DELAYED, '0', '0', 'WITHSCORES')
+  if not first[2] then return -1 end
+  local at = tonumber(first[2])
+  if promoted_here == 0 or at > now_ms() then return at end
+  -- This call promoted some of the due ones (their removal is still queued): the next
+  -- due is now when others are due too, else the first one after now.
+  if redis.call('ZCOUNT', K_DELAYED, '-inf', now_text()) > promoted_here then return at end
+  first = redis.call('ZRANGE', K_DELAYED, '(' .. now_text(), '+inf', 'BYSCORE', 'LIMIT', '0', '1', 'WITHSCORES')
   if first[2] then return tonumber(first[2]) end
   return -1
 end
@@ -488,13 +591,14 @@ local function complete_each(first, retention)
     local key, st = owned(id, token, now, KEYS[QUEUE_KEYS + (i - first) / 3 + 1])
     if key then
       done[#done + 1] = id
-      if #done == 1 then redis.call('ZREM', K_ACTIVE, id) end  -- the first write frees (FIRST_WRITE_FREES)
+      if #done == 1 then write('ZREM', K_ACTIVE, id) end  -- the first write frees (FIRST_WRITE_FREES)
       emit('completed', id)
       local kept = nil  -- the fields of a record that is kept (built only then)
       if retention ~= 0 then
         kept = {'result', ARGV[i + 2], 'last_token', token, 'last_outcome', OUTCOME_COMPLETED}
       end
       settle(id, key, 'completed', K_COMPLETED, retention, now, kept, st, '1')  -- '1': OUTCOME_COMPLETED as text
+      settled_here[token] = OUTCOME_COMPLETED
       outcomes[#outcomes + 1] = OUTCOME_COMPLETED
     else
       outcomes[#outcomes + 1] = outcome_of(id, token)
@@ -510,18 +614,24 @@ end
 -- The live workers of the queue: {name, in_flight, concurrency, ...} (protocol.WorkersReply).
 -- `drop`: remove the entries past their expiry (a write, so announcements only: a listing
 -- must run on a read-only replica, where the dashboard may read).
-local function live_workers(now, drop)
+local function live_workers(now, drop, own, own_entry)
   local out = {}
-  local all = redis.call('HGETALL', K_WORKERS)
-  for i = 1, #all, 2 do
-    local in_flight, concurrency, expires = string.match(all[i + 1], '(%S+) (%S+) (%S+)')
-    if tonumber(expires) >= now then
-      out[#out + 1] = all[i]
+  local function add(name, entry)
+    local in_flight, concurrency, expires = string.match(entry, '(%S+) (%S+) (%S+)')
+    if tonumber(expires) and tonumber(expires) >= now then
+      out[#out + 1] = name
       out[#out + 1] = tonumber(in_flight)
       out[#out + 1] = tonumber(concurrency)
-    elseif drop then
-      redis.call('HDEL', K_WORKERS, all[i])
+      return true
+    end
+    return false
+  end
+  local all = redis.call('HGETALL', K_WORKERS)
+  for i = 1, #all, 2 do
+    if all[i] ~= own and not add(all[i], all[i + 1]) and drop then
+      write('HDEL', K_WORKERS, all[i])
     end
   end
+  if own_entry then add(own, own_entry) end
   return out
 end

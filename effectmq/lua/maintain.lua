@@ -23,6 +23,8 @@ local more = 0
 local recovered, dead, promoted, forgotten = 0, 0, 0, 0
 local ready = {}  -- ids the wake message names
 local candidates = declared_ids()
+local stalled_error = stored_error(ARGV[3], 'stall')
+local retried_stall = stored_error(ARGV[5], 'stall')
 
 -- Is `id` in `index` with a score that is due by now?
 local function due_in(index, id)
@@ -30,18 +32,35 @@ local function due_in(index, id)
   return score and tonumber(score) <= now
 end
 
+-- Reserved ids whose dedup window ended, remembered settlements and waiters past their time
+-- (first: the ranks read here are those its queued removal finds).
+local ended = 0
+-- Removed by rank or score, not read: their members are not needed here.
+for _, index in ipairs({K_DEDUP, K_SETTLED, K_WAITERS}) do
+  local due = redis.call('ZCOUNT', index, '-inf', now_text())
+  if due >= batch then
+    more = 1
+    write('ZREMRANGEBYRANK', index, '0', int_text(batch - 1))  -- the lowest scores: all due
+    ended = ended + batch
+  elseif due > 0 then
+    write('ZREMRANGEBYSCORE', index, '-inf', now_text())
+    ended = ended + due
+  end
+end
+
 for _, id in ipairs(candidates) do
   local key = task_key(id)
   if due_in(K_ACTIVE, id) then
     -- An expired lease: the attempt stalled; count it and hand the task back or end it.
-    redis.call('ZREM', K_ACTIVE, id)
+    write('ZREM', K_ACTIVE, id)
+    touched[id] = true
     if redis.call('EXISTS', key) == 1 then
-      local stalls = redis.call('HINCRBY', key, 'stalled_attempt_count', 1)
+      local stalls = (tonumber(redis.call('HGET', key, 'stalled_attempt_count')) or 0) + 1
       local limit = task_option(key, 'max_stalled_count', 'max_stalled_count', ARGV[2])
-      redis.call('HSET', key, 'token', '')
-      record_attempt(key, 'stalled', stalls > limit and ARGV[3] or ARGV[5], now)
+      write('HSET', key, 'token', '', 'stalled_attempt_count', int_text(stalls))
+      record_attempt(key, 'stalled', stalls > limit and stalled_error or retried_stall, now)
       if stalls > limit then
-        redis.call('HSET', key, 'error', ARGV[3])
+        write('HSET', key, 'error', stalled_error)
         emit('failed', id, 'kind', 'stall', 'retry_at', -1)
         settle(id, key, 'failed', K_FAILED, meta_num('retention_failed_ms', ARGV[4]), now)
         dead = dead + 1
@@ -59,7 +78,7 @@ for _, id in ipairs(candidates) do
     -- A terminal record past its retention.
     for _, index in ipairs({K_COMPLETED, K_FAILED, K_CANCELED}) do
       if due_in(index, id) then
-        redis.call('ZREM', index, id)
+        write('ZREM', index, id)
         forget(id, key, now)
         forgotten = forgotten + 1
         break
@@ -68,20 +87,5 @@ for _, id in ipairs(candidates) do
   end
 end
 if #ready > 0 then wake(ready) elseif dead > 0 then freed_slot() end
-
--- Reserved ids whose dedup window ended, remembered settlements and waiters past their time.
-local ended = 0
--- Removed by rank or score, not read: their members are not needed here.
-for _, index in ipairs({K_DEDUP, K_SETTLED, K_WAITERS}) do
-  local due = redis.call('ZCOUNT', index, '-inf', now_text())
-  if due >= batch then
-    more = 1
-    redis.call('ZREMRANGEBYRANK', index, '0', int_text(batch - 1))  -- the lowest scores: all due
-    ended = ended + batch
-  elseif due > 0 then
-    redis.call('ZREMRANGEBYSCORE', index, '-inf', now_text())
-    ended = ended + due
-  end
-end
 
 return finish({recovered, dead, promoted, forgotten, ended, more})

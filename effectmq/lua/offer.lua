@@ -8,7 +8,7 @@ ARGV[3...] tasks...: 9 values each: id, explicit_id, name, payload, delay_ms, pr
   explicit_id: 1 | 0; payload: JSON; max_retries, max_stalled_count: -1 = queue default
   options: JSON object of further per-task options (retry policy, timeout), or ''
 Returns: {created...}  one per task: 1 = created (by this call, or by its first send),
-  0 = already known (idempotent re-offer)
+  0 = already known (idempotent re-offer, or the same id earlier in this call)
 ]]
 local now = now_ms()
 local n = tonumber(ARGV[1])
@@ -20,6 +20,7 @@ local ready_prio = {}
 local later = {}  -- due time, id pairs for the delayed index
 local first_due = nil  -- the first due delayed task's time, read on the first delayed offer
 local fields, extra  -- of the task being created
+local created_here = {}  -- ids this call creates: the same id again in it is a re-offer
 local function keep(field, value)  -- an optional field, and its letter in `extra`
   fields[#fields + 1] = field
   fields[#fields + 1] = value
@@ -34,10 +35,13 @@ for i = 0, n - 1 do
   local explicit = ARGV[b + 1] == '1'
   local f = redis.call('HMGET', key, 'state', 'explicit_id')  -- every record has a state
   local reserved = explicit and not f[1] and redis.call('ZSCORE', K_DEDUP, id)
-  if f[1] or (reserved and tonumber(reserved) > now) then
+  if created_here[id] then
+    created[#created + 1] = 0  -- the same id earlier in this call: stored once, as that one asked
+  elseif f[1] or (reserved and tonumber(reserved) > now) then
     created[#created + 1] = f[1] and (not explicit or f[2] == nonce) and 1 or 0
   else
-    local delay = tonumber(ARGV[b + 4])
+    created_here[id] = true
+    local delay = tonumber(ARGV[b + 4]) or 0
     local state = delay > 0 and 'delayed' or 'waiting'
     -- Optional fields at their defaults are left out (readers default them): a smaller
     -- hash is less memory, and cheaper for every later read and write of it. `extra`
@@ -57,9 +61,9 @@ for i = 0, n - 1 do
     if ARGV[b + 7] ~= '-1' then keep('max_stalled_count', ARGV[b + 7]) end
     if ARGV[b + 8] ~= '' then keep('options', ARGV[b + 8]) end
     fields[2] = extra
-    redis.call('HSET', key, unpack(fields))
+    write('HSET', key, unpack(fields))
     if delay > 0 then
-      later[#later + 1] = now + delay
+      later[#later + 1] = int_text(now + delay)
       later[#later + 1] = id
       if first_due == nil then first_due = next_due() end
       if first_due < 0 or now + delay < first_due then
@@ -76,18 +80,19 @@ for i = 0, n - 1 do
   end
 end
 if #ready > 0 then  -- FIFO within a priority band: sequence numbers in offer order
-  local seq = redis.call('INCRBY', K_SEQ, #ready) - #ready
+  local seq = take_seq(#ready) - 1
   local entries = {}
   for i, id in ipairs(ready) do
     entries[#entries + 1] = int_text((-ready_prio[i]) * PRIORITY_SPAN + seq + i)
     entries[#entries + 1] = id
   end
   for i = 1, #entries, 1000 do
-    redis.call('ZADD', K_WAITING, unpack(entries, i, math.min(i + 999, #entries)))
+    write('ZADD', K_WAITING, unpack(entries, i, math.min(i + 999, #entries)))
   end
 end
 for i = 1, #later, 1000 do
-  redis.call('ZADD', K_DELAYED, unpack(later, i, math.min(i + 999, #later)))
+  write('ZADD', K_DELAYED, unpack(later, i, math.min(i + 999, #later)))
 end
 if woke then wake(ready) end
+commit()
 return created

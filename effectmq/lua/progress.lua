@@ -8,6 +8,7 @@ Returns: stored  1 = stored, 0 = lease lost.
 local now = now_ms()
 local key = owned(ARGV[1], ARGV[2], now)
 if not key then return 0 end
-redis.call('HSET', key, 'progress', ARGV[3], 'progress_at', now)
+write('HSET', key, 'progress', ARGV[3], 'progress_at', int_text(now))
 emit('progress', ARGV[1], 'progress', ARGV[3])
+commit()
 return 1

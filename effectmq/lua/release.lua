@@ -15,8 +15,8 @@ if not key then
   use_receipts('', ARGV[4])
   return outcome_of(id, token)
 end
-local delay = tonumber(ARGV[3])
-redis.call('ZREM', K_ACTIVE, id)  -- the first write frees (FIRST_WRITE_FREES)
+local delay = tonumber(ARGV[3]) or 0
+write('ZREM', K_ACTIVE, id)  -- the first write frees (FIRST_WRITE_FREES)
 record_outcome(key, token, OUTCOME_RELEASED)
 record_attempt(key, 'released', nil, now)
 emit('released', id)
@@ -27,4 +27,4 @@ else
   enqueue_waiting(id, key, now)
   wake({id})
 end
-return OUTCOME_RELEASED
+return finish(OUTCOME_RELEASED)

@@ -21,8 +21,9 @@ end
 -- They leave the active index first and come back with the new deadline (FIRST_WRITE_FREES).
 zrem_all(K_ACTIVE, ids)
 for j, key in ipairs(keys) do
-  redis.call('HSET', key, 'lock_until', deadline_text)
+  write('HSET', key, 'lock_until', deadline_text)
   zadd_later(K_ACTIVE, deadline_text, ids[j])
 end
 flush_adds()
+commit()
 return out

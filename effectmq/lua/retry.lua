@@ -11,9 +11,10 @@ if not state then return '' end
 if state ~= 'failed' and state ~= 'canceled' then return state end
 local now = now_ms()
 drop_from_indexes(id, state)
-redis.call('HSET', key, 'handler_failure_count', 0, 'stalled_attempt_count', 0, 'finished_at', '')
-redis.call('HDEL', key, 'error')
+write('HSET', key, 'handler_failure_count', '0', 'stalled_attempt_count', '0', 'finished_at', '')
+write('HDEL', key, 'error')
 enqueue_waiting(id, key, now)
 emit('retried', id, 'was', state)
 wake({id})
+commit()
 return state

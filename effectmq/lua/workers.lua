@@ -10,11 +10,15 @@ Returns: {workers...}  the live workers. Entries past their expiry are removed (
 workers...: 3 values each: name, in_flight, concurrency
 ]]
 local now = now_ms()
+local entry = nil  -- this worker's new entry (nil: none)
 if ARGV[1] ~= '' then
   -- The entry is dropped first, a write that frees: a full Redis still lists the worker (FIRST_WRITE_FREES).
-  redis.call('HDEL', K_WORKERS, ARGV[1])
-  if tonumber(ARGV[2]) >= 0 then
-    redis.call('HSET', K_WORKERS, ARGV[1], ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. (now + tonumber(ARGV[4])))
+  write('HDEL', K_WORKERS, ARGV[1])
+  if (tonumber(ARGV[2]) or -1) >= 0 then
+    entry = ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. int_text(now + (tonumber(ARGV[4]) or 0))
+    write('HSET', K_WORKERS, ARGV[1], entry)
   end
 end
-return live_workers(now, true)
+local out = live_workers(now, true, ARGV[1], entry)
+commit()
+return out

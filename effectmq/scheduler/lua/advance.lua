@@ -18,22 +18,29 @@ Returns: one integer per outcome:
 ]]
 local now = now_ms()
 local results = {}
+local seen = {}  -- a schedule twice in one call: the second finds the cursor moved (-2)
 for i, o in ipairs(cjson.decode(ARGV[1])) do
+  -- Numbers come as strings of ms; one that is not is refused here, before any write.
+  if (o.score ~= nil and not tonumber(o.score)) or (not o.error and not tonumber(o.cursor)) then
+    error('advance: the score or cursor of ' .. tostring(o.id) .. ' is not a number')
+  end
   local key = schedule_key(o.id)
   local cur = redis.call('HMGET', key, 'version', 'cursor', 'last_error')
   local result = 1
-  if not cur[1] then
+  if seen[o.id] then
+    result = -2
+  elseif not cur[1] then
     result = 0
   elseif cur[1] ~= o.version then
     result = -1
   elseif o.error then
-    redis.call('HSET', key, 'last_error', o.error, 'last_error_at', now)
-    redis.call('ZADD', K_DUE, o.score, o.id)
+    write('HSET', key, 'last_error', tostring(o.error), 'last_error_at', now)
+    write('ZADD', K_DUE, o.score, o.id)
     changed(o.id)
   elseif cur[2] ~= o.expect then
     result = -2
   elseif tonumber(o.cursor) > now then
-    redis.call('ZADD', K_DUE, o.cursor, o.id)
+    write('ZADD', K_DUE, o.cursor, o.id)
     result = -3
   else
     local fields = {'cursor', o.cursor, 'updated_at', now}
@@ -43,18 +50,21 @@ for i, o in ipairs(cjson.decode(ARGV[1])) do
     end
     if o.score then
       fields[#fields + 1] = 'next_tick'; fields[#fields + 1] = o.score
-      redis.call('ZADD', K_DUE, o.score, o.id)
+      write('ZADD', K_DUE, o.score, o.id)
     else
-      redis.call('HDEL', key, 'next_tick')
-      redis.call('ZREM', K_DUE, o.id) -- the expression never fires again
+      write('HDEL', key, 'next_tick')
+      write('ZREM', K_DUE, o.id) -- the expression never fires again
     end
-    redis.call('HSET', key, unpack(fields))
-    if cur[3] then redis.call('HDEL', key, 'last_error', 'last_error_at') end
+    write('HSET', key, unpack(fields))
+    if cur[3] then write('HDEL', key, 'last_error', 'last_error_at') end
     for _, counter in ipairs({'materialized', 'skipped', 'coalesced', 'backfilled'}) do
-      if o[counter] and o[counter] ~= 0 then redis.call('HINCRBY', key, counter, o[counter]) end
+      local n = tonumber(o[counter])
+      if n and n ~= 0 then write('HINCRBY', key, counter, string.format('%d', n)) end
     end
     changed(o.id)
   end
+  seen[o.id] = true
   results[i] = result
 end
+commit()
 return results

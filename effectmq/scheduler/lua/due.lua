@@ -25,11 +25,10 @@ for i = 3, #ARGV do
   local score = tonumber(redis.call('ZSCORE', K_DUE, id))
   if score and score <= upto then
     local row = redis.call('HMGET', key, 'spec', 'version', 'cursor')
-    if row[1] and not (row[2] and row[3]) then
-      redis.call('HSETNX', key, 'version', 1)
-      redis.call('HSETNX', key, 'cursor', now)
+    if row[1] and not (row[2] and row[3]) then  -- what HSETNX will leave there
+      if not row[2] then write('HSET', key, 'version', 1); row[2] = '1' end
+      if not row[3] then write('HSET', key, 'cursor', now); row[3] = string.format('%d', now) end
       changed(id)
-      row = redis.call('HMGET', key, 'spec', 'version', 'cursor')
     end
     if row[1] then
       out[#out + 1] = id
@@ -41,4 +40,5 @@ for i = 3, #ARGV do
     end
   end
 end
+commit()
 return out

@@ -18,6 +18,18 @@ local BASE = string.sub(K_DUE, 1, -4) -- the due key less "due": "{<prefix>-sche
 local DECLARED = {}
 for i = 4, #KEYS do DECLARED[KEYS[i]] = true end
 
+-- Validate before the first write (runtime rule 7, as the queue's lib.lua): writes are
+-- queued with write() and sent by commit() at the end of a script, after every read and
+-- check, so a script that fails has written nothing.
+local queued_writes = {}
+local function write(...)
+  queued_writes[#queued_writes + 1] = {...}
+end
+local function commit()
+  for i = 1, #queued_writes do redis.call(unpack(queued_writes[i])) end
+  queued_writes = {}
+end
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -38,10 +50,10 @@ local function changed(id)
     last_change = tonumber(top[2]) or 0
   end
   last_change = last_change + 1
-  redis.call('ZADD', K_CHANGES, last_change, id)
+  write('ZADD', K_CHANGES, last_change, id)
 end
 
 local function forget(id)
-  redis.call('ZREM', K_DUE, id)
-  redis.call('ZREM', K_CHANGES, id)
+  write('ZREM', K_DUE, id)
+  write('ZREM', K_CHANGES, id)
 end

@@ -10,22 +10,24 @@ Returns: {version, cursor, now}
 local id = ARGV[1]
 local key = schedule_key(id)
 local now = now_ms()
-local old = redis.call('HMGET', key, 'cursor', 'timing')
+local old = redis.call('HMGET', key, 'cursor', 'timing', 'version')
 local cursor = tonumber(old[1])
 if not cursor then
   cursor = now
-  redis.call('HSET', key, 'created_at', now, 'materialized', 0, 'skipped', 0, 'coalesced', 0, 'backfilled', 0)
-  redis.call('ZADD', K_INDEX, 0, id)
+  write('HSET', key, 'created_at', now, 'materialized', 0, 'skipped', 0, 'coalesced', 0, 'backfilled', 0)
+  write('ZADD', K_INDEX, 0, id)
 elseif old[2] ~= ARGV[3] and cursor < now then
   cursor = now
 end
-local version = redis.call('HINCRBY', key, 'version', 1)
-redis.call('HSET', key, 'spec', ARGV[2], 'timing', ARGV[3], 'cursor', cursor, 'suspended', ARGV[4], 'updated_at', now)
+local version = (tonumber(old[3]) or 0) + 1
+write('HSET', key, 'version', version, 'spec', ARGV[2], 'timing', ARGV[3], 'cursor', cursor, 'suspended', ARGV[4],
+  'updated_at', now)
 if ARGV[4] == '1' then
-  redis.call('ZREM', K_DUE, id)
-  redis.call('HDEL', key, 'next_tick')
+  write('ZREM', K_DUE, id)
+  write('HDEL', key, 'next_tick')
 else
-  redis.call('ZADD', K_DUE, 0, id)
+  write('ZADD', K_DUE, 0, id)
 end
 changed(id)
+commit()
 return {version, cursor, now}

@@ -5,6 +5,9 @@ Returns: 1 = removed, 0 = no such schedule.
 ]]
 local id = ARGV[1]
 local key = schedule_key(id)
+local existed = redis.call('EXISTS', key)
 forget(id)
-redis.call('ZREM', K_INDEX, id)
-return redis.call('DEL', key)
+write('ZREM', K_INDEX, id)
+write('DEL', key)
+commit()
+return existed
