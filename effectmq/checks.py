@@ -19,8 +19,15 @@ def check_number(name: str, value: Any, *, minimum: float = 0, integer: bool = F
     if not math.isfinite(value) or value < minimum:
         raise InvalidOption(f"{name} must be >= {minimum}, got {value!r}")
     if maximum is not None and value > maximum:
-        raise InvalidOption(f"{name} must be <= {maximum:g}, got {value!r}")
+        raise InvalidOption(f"{name} must be <= {shown(maximum)}, got {value!r}")
     return value
+
+
+def shown(limit: float) -> str:
+    """A limit as a message shows it: 315360000, not 3.1536e+08."""
+    if isinstance(limit, float) and limit.is_integer():
+        return str(int(limit))
+    return str(limit)
 
 
 def eviction_warning(policy: str | None) -> str | None:

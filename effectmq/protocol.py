@@ -36,6 +36,17 @@ MAX_MAINTAIN_BATCH = 5000  # items per sweep of one maintain call
 ACQUIRE_PEEK = 16
 ACQUIRE_WINDOW = 8
 MAX_DELAY = 10 * 365 * 86400.0  # seconds: ten years is "later", 1e12 is a mistake
+# Every number a user gives is bounded where it enters (runtime rule 8: InvalidOption
+# names the limit). Durations, in seconds, are at most ten years: Redis time in ms plus
+# any of them stays far below 2^53, where Lua's numbers and its '%d' are exact (a
+# retention of sys.maxsize used to print as a negative expiry: the record was dropped).
+MAX_DURATION = MAX_DELAY  # 315,360,000 s
+MAX_LOCK_TIMEOUT = MAX_DURATION
+MAX_RETENTION = MAX_DURATION  # retention_completed / retention_failed (None or -1: keep)
+MAX_DEDUP_WINDOW = MAX_DURATION
+MAX_COUNT = 2**31 - 1  # max_retries, max_stalled_count, max_active, events_maxlen, offsets (the CRD's int32)
+MAX_PROMOTE_BATCH = 1000  # due ids an acquire reply names; the next call unpacks them (Lua's limit: ~8,000)
+MAX_LIST = 10_000  # records one listing call reads (list_tasks, events, task_events)
 
 
 class Outcome(IntEnum):

@@ -23,7 +23,8 @@ from .engine import Lease, LeaseEngine, WakeSignal
 from .errors import CANCELED, STALLED, ErrorInfo, InvalidOption, TaskFailed, TaskNotFound
 from .keys import INDEXES, QueueKeys, check_queue_name
 from .models import MaintenanceReport, Offered, QueueStats, TaskInfo, ThroughputPoint
-from .protocol import MAX_ACQUIRE, MAX_DELAY, MAX_MAINTAIN_BATCH, ms, retention_ms
+from .protocol import (MAX_ACQUIRE, MAX_COUNT, MAX_DEDUP_WINDOW, MAX_DELAY, MAX_DURATION, MAX_LIST,
+                       MAX_LOCK_TIMEOUT, MAX_MAINTAIN_BATCH, MAX_PROMOTE_BATCH, MAX_RETENTION, ms, retention_ms)
 from .routing import script_runner, server_time_ms, subscriber
 
 # Importers (scheduler, tests) read these names here.
@@ -51,6 +52,18 @@ SETTINGS = {
 # Yes/no settings, stored as "1" / "0"; read back as False when never set.
 _FLAG_SETTINGS = {"paused", "events_always", "sensitive"}
 _SECONDS_SETTINGS = {"lock_timeout", "retention_completed", "retention_failed", "dedup_window"}
+# The range of each numeric setting: (minimum, maximum); a retention of -1 keeps records.
+_SETTING_RANGES = {
+    "lock_timeout": (0.001, MAX_LOCK_TIMEOUT),
+    "retention_completed": (-1, MAX_RETENTION),
+    "retention_failed": (-1, MAX_RETENTION),
+    "dedup_window": (0.001, MAX_DEDUP_WINDOW),
+    "max_active": (0, MAX_COUNT),
+    "max_retries": (0, MAX_COUNT),
+    "max_stalled_count": (0, MAX_COUNT),
+    "events_maxlen": (0, MAX_COUNT),
+}
+MAX_RETRY_FACTOR = 1000.0
 # Indexes whose due members are task ids: maintain declares their hashes (lib.lua).
 TASK_SWEEPS = ("active", "delayed", "completed", "failed", "canceled")
 # Indexes maintain.lua sweeps by itself (their members touch no task hash).
@@ -69,6 +82,18 @@ EVENTS_SCAN = 10_000
 MINUTE_SLOTS = 180  # lib.lua: the per-minute counts kept
 
 
+def retry_json(policy: Any, name: str = "retry") -> dict | None:
+    """The JSON form of a Fixed or Exponential policy, its delays bounded by MAX_DELAY
+    (a longer one would make every failure a Defect, see engine.retry_delay)."""
+    spec = retry_policies.to_json(policy)
+    for key in ("initialDelaySeconds", "maxDelaySeconds"):
+        if spec and key in spec:
+            check_number(f"{name}.{key}", spec[key], maximum=MAX_DELAY, allow_none=False)
+    if spec and "factor" in spec:
+        check_number(f"{name}.factor", spec["factor"], minimum=1, maximum=MAX_RETRY_FACTOR, allow_none=False)
+    return spec
+
+
 def offer_argv(task_name: str, payload: Any, *, task_id: str | None = None, delay: float | None = None,
                priority: int = 0, max_retries: int | None = None, max_stalled_count: int | None = None,
                retry: Any = None, timeout: float | None = None) -> tuple[str, protocol.OfferTask]:
@@ -82,12 +107,12 @@ def offer_argv(task_name: str, payload: Any, *, task_id: str | None = None, dela
     check_number("priority", priority, minimum=-MAX_PRIORITY, integer=True, allow_none=False)
     if priority > MAX_PRIORITY:
         raise InvalidOption(f"priority must be between {-MAX_PRIORITY} and {MAX_PRIORITY}, got {priority}")
-    check_number("max_retries", max_retries, integer=True)
-    check_number("max_stalled_count", max_stalled_count, integer=True)
-    check_number("timeout", timeout, minimum=0.001)
+    check_number("max_retries", max_retries, integer=True, maximum=MAX_COUNT)
+    check_number("max_stalled_count", max_stalled_count, integer=True, maximum=MAX_COUNT)
+    check_number("timeout", timeout, minimum=0.001, maximum=MAX_DURATION)
     options: dict[str, Any] = {}
     if retry is not None:
-        options["retry"] = retry_policies.to_json(retry)
+        options["retry"] = retry_json(retry)
     if timeout is not None:
         options["timeout"] = timeout
     tid = task_id if task_id is not None else uuid.uuid4().hex
@@ -109,10 +134,17 @@ class TaskQueue(OwnsConnection):
                  retention_failed: float | None = 604800.0, promote_batch: int = 100,
                  max_connections: int | None = None, socket_timeout: float = 15.0):
         self.name = check_queue_name(name)
-        check_number("lock_timeout", lock_timeout, minimum=0.01, allow_none=False)
-        check_number("max_retries", max_retries, integer=True, allow_none=False)
-        check_number("max_stalled_count", max_stalled_count, integer=True, allow_none=False)
-        check_number("promote_batch", promote_batch, minimum=1, integer=True, allow_none=False)
+        check_number("lock_timeout", lock_timeout, minimum=0.01, allow_none=False, maximum=MAX_LOCK_TIMEOUT)
+        check_number("max_retries", max_retries, integer=True, allow_none=False, maximum=MAX_COUNT)
+        check_number("max_stalled_count", max_stalled_count, integer=True, allow_none=False, maximum=MAX_COUNT)
+        check_number("promote_batch", promote_batch, minimum=1, integer=True, allow_none=False,
+                     maximum=MAX_PROMOTE_BATCH)
+        check_number("retention_completed", retention_completed, minimum=-1, maximum=MAX_RETENTION)
+        check_number("retention_failed", retention_failed, minimum=-1, maximum=MAX_RETENTION)
+        check_number("max_connections", max_connections, minimum=1, integer=True, maximum=MAX_COUNT)
+        check_number("socket_timeout", socket_timeout, minimum=0.001, maximum=MAX_DURATION)
+        if isinstance(retry, (retry_policies.Fixed, retry_policies.Exponential)):
+            retry_json(retry)
         self.keys = QueueKeys(prefix, self.name)
         self.redis, self._owns_client, self.url = connect(redis, url, max_connections=max_connections,
                                                           socket_timeout=socket_timeout)
@@ -204,6 +236,7 @@ class TaskQueue(OwnsConnection):
         took first: look again now), so an idle worker knows how long it may sleep.
         Values are decoded per task: one that is not UTF-8 marks its lease `corrupt`.
         """
+        check_number("lock_timeout", lock_timeout, minimum=0.01, maximum=MAX_LOCK_TIMEOUT)
         return await self.engine.acquire_many(count, lock_timeout=lock_timeout)
 
     async def complete_many(self, settled: Sequence[tuple[Lease, str]]) -> list[protocol.Outcome]:
@@ -301,12 +334,14 @@ class TaskQueue(OwnsConnection):
             elif key in _FLAG_SETTINGS:
                 encoded = "1" if value else "0"
             elif key == "retry":
-                encoded = codec.dumps(retry_policies.to_json(value))
+                encoded = codec.dumps(retry_json(value))
             elif key in _SECONDS_SETTINGS:
-                check_number(key, value, minimum=-1 if key.startswith("retention") else 0.001)
+                low, high = _SETTING_RANGES[key]
+                check_number(key, value, minimum=low, maximum=high)
                 encoded = str(retention_ms(value) if key.startswith("retention") else ms(value))
             else:
-                check_number(key, value, integer=True)
+                low, high = _SETTING_RANGES[key]
+                check_number(key, value, integer=True, minimum=low, maximum=high)
                 encoded = str(value)
             written.append(protocol.Setting(SETTINGS[key], encoded))
         if written:
@@ -335,8 +370,9 @@ class TaskQueue(OwnsConnection):
         """Adopt the stored queue-level defaults (used by long-running workers)."""
         stored = await self.settings()
         for key in ("max_retries", "max_stalled_count", "lock_timeout", "retention_completed", "retention_failed"):
-            if key in stored and stored[key] is not None:
-                setattr(self, key, stored[key])
+            if key in stored and stored[key] is not None:  # within bounds, whoever wrote it
+                low, high = _SETTING_RANGES[key]
+                setattr(self, key, min(max(stored[key], low), high))
         if stored.get("retry"):
             self.retry_policy = stored["retry"]
         return stored
@@ -389,7 +425,7 @@ class TaskQueue(OwnsConnection):
         """maintain() again while a call reports more, until `budget` seconds have passed
         (the call in flight finishes): expired work is cleared as fast as it falls due,
         while every call stays bounded by `batch`. The reports summed; `more`: work is left."""
-        check_number("budget", budget, minimum=0, allow_none=False)
+        check_number("budget", budget, minimum=0, allow_none=False, maximum=MAX_DURATION)
         deadline = time.monotonic() + budget
         report = await self.maintain(batch=batch)
         while report.more and time.monotonic() < deadline:
@@ -400,7 +436,8 @@ class TaskQueue(OwnsConnection):
         """Tasks in one state index, in index order (bounded by `limit`)."""
         if state not in INDEXES:
             raise InvalidOption(f"unknown state {state!r}; known: {', '.join(INDEXES)}")
-        check_number("limit", limit, minimum=1, integer=True, allow_none=False)
+        check_number("limit", limit, minimum=1, integer=True, allow_none=False, maximum=MAX_LIST)
+        check_number("offset", offset, minimum=0, integer=True, allow_none=False, maximum=MAX_COUNT)
         with self._redis_errors:
             ids: Any = await self.redis.zrange(self.keys.key(state), offset, offset + limit - 1)
             async with self.redis.pipeline(transaction=False) as pipe:
@@ -425,6 +462,8 @@ class TaskQueue(OwnsConnection):
     async def events(self, *, since: str = "$", block: float = 5.0, count: int = 100) -> AsyncIterator[dict]:
         """Follow the lifecycle event stream (created, active, progress, completed, failed, ...);
         events are written while this iterator runs (it calls want_events)."""
+        check_number("count", count, minimum=1, integer=True, allow_none=False, maximum=MAX_LIST)
+        check_number("block", block, minimum=0, allow_none=False, maximum=MAX_DURATION)
         last = since
         asked = 0.0
         while True:
@@ -442,6 +481,7 @@ class TaskQueue(OwnsConnection):
     async def task_events(self, task_id: str, *, limit: int = 200) -> list[dict]:
         """The lifecycle events of one task still in the event stream (it keeps the last
         events_maxlen of the queue, and only while events were wanted), oldest first."""
+        check_number("limit", limit, minimum=0, integer=True, allow_none=False, maximum=MAX_LIST)
         found: list[dict] = []
         end, seen = "+", 0
         with self._redis_errors:
@@ -466,6 +506,9 @@ class TaskQueue(OwnsConnection):
 
     async def worker_beat(self, name: str, in_flight: int, concurrency: int, ttl: float) -> None:
         """Announce a worker's load (in_flight < 0: it is leaving)."""
+        check_number("in_flight", in_flight, minimum=-1, integer=True, allow_none=False, maximum=MAX_COUNT)
+        check_number("concurrency", concurrency, integer=True, allow_none=False, maximum=MAX_COUNT)
+        check_number("ttl", ttl, minimum=0.001, allow_none=False, maximum=MAX_DURATION)
         await self._scripts.run(protocol.WorkersArgs(name, in_flight, concurrency, ms(ttl)))
 
     async def workers(self) -> dict[str, tuple[int, int]]:
