@@ -1,0 +1,471 @@
+"""Rule 7: every script validates before its first write, so a refused call wrote nothing.
+
+For each script, in scenarios that take its interesting paths, a traced run records its
+steps (tests/support/write_rule.py): after the first write only writes and hints may
+come. Then an error is injected at every step up to and including the first write (a
+refused read, a denial, a value that cannot be encoded, a full Redis): the call must
+fail, the keyspace must be byte for byte what it was, and sending the call again must
+end where the clean run ended (every task in exactly its index, the same states and
+counters). A denied hint (PUBLISH under an ACL without channels) must change nothing
+the call promised. A write planted before a check is caught.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import re
+from typing import Any, Awaitable, Callable
+
+import pytest
+import redis.asyncio as aioredis
+
+import effectmq
+from effectmq import scripts
+from effectmq.errors import TaskError
+from effectmq.scheduler import store as schedule_store
+from effectmq.scheduler.model import ScheduleSpec
+from effectmq.scheduler.store import Outcome, ScheduleStore
+from tests.support.write_rule import (TRACE_KEY, StepTrace, dump_all, instrument, queue_invariants, restore,
+                                      snapshot)
+
+_source = scripts.source
+
+
+class Injector:
+    """Which operation runs instrumented, and where its fault is (scripts.source and sha
+    are patched to ask this)."""
+
+    def __init__(self) -> None:
+        self.operation: str | None = None
+        self.fail_at = 0
+        self.trace = False
+        self.plant: Callable[[str], str] | None = None  # a test's edit of the script (a planted violation)
+
+    def set(self, operation: str | None, *, fail_at: int = 0, trace: bool = False) -> None:
+        self.operation, self.fail_at, self.trace = operation, fail_at, trace
+
+    def text(self, operation: str, plain: str) -> str:
+        if operation != self.operation:
+            return plain
+        if self.plant:
+            plain = self.plant(plain)
+        return instrument(plain, fail_at=self.fail_at, trace=self.trace)
+
+    def source(self, operation: str) -> str:
+        return self.text(operation, _source(operation))
+
+    def sha(self, operation: str) -> str:
+        return hashlib.sha1(self.source(operation).encode()).hexdigest()
+
+
+@pytest.fixture
+def injector(monkeypatch):
+    inj = Injector()
+    monkeypatch.setattr(scripts, "source", inj.source)
+    monkeypatch.setattr(scripts, "sha", inj.sha)
+    return inj
+
+
+Action = Callable[[], Awaitable[Any]]
+
+
+@dataclasses.dataclass
+class Scenario:
+    operation: str
+    name: str
+    setup: Callable[..., Awaitable[Action]]  # (queue) -> the call to inject into
+    queue_options: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return f"{self.operation}-{self.name}"
+
+
+def _remembering(engine):
+    """Put the engine's learnt ids back as they are now, before each run of an action."""
+    ready, due, largest = list(engine._ready), list(engine._due), engine._largest
+
+    def reset() -> None:
+        engine._ready, engine._due, engine._largest = list(ready), list(due), largest
+    return reset
+
+
+async def _offered(q, n=6, **options):
+    await q.offer_many([("t", {"i": i}, {"task_id": f"w{i}", **options}) for i in range(n)])
+
+
+# -- scenarios: each returns the call to inject into ---------------------------------
+
+async def offer_mixed(q):
+    async def act():
+        offered = await q.offer_many([
+            ("t", {"i": 1}, {"task_id": "a"}), ("t", 2, {"task_id": "b", "delay": 30}),
+            ("t", 3, {"task_id": "c", "priority": 5, "max_retries": 2}), ("t", 4, {"task_id": "a"}),
+            ("t", 5, {"task_id": "known"})])
+        return [o.created for o in offered]
+    await q.offer("t", 0, task_id="known")
+    return act
+
+
+async def acquire_with_promotion(q):
+    await _offered(q, 5)
+    await q.offer("t", "later", task_id="later", delay=0.001)
+    await asyncio.sleep(0.02)
+    await q.acquire_many(1)  # w0; names the next ids and the due one
+    reset = _remembering(q.engine)
+
+    async def act():
+        reset()
+        leases, _ = await q.engine.acquire_many(3)
+        return sorted(lease.task_id for lease in leases)
+    return act
+
+
+async def acquire_with_completions(q):
+    await _offered(q, 6)
+    first, _ = await q.acquire_many(3)
+    reset = _remembering(q.engine)
+
+    async def act():
+        reset()
+        outcomes, leases = await q.engine.complete_and_acquire(
+            [(lease, '"done"') for lease in first] + [(first[0], '"again"')], 2)
+        return [int(o) for o in outcomes], sorted(lease.task_id for lease in leases)
+    return act
+
+
+async def complete_batch(q):
+    await _offered(q, 4)
+    leases, _ = await q.acquire_many(4)
+    await q.redis.zadd(q.keys.key("waiters"), {leases[0].task_id: 2 ** 50})  # somebody waits on it
+
+    async def act():
+        settled = [(lease, f'{{"r":{i}}}') for i, lease in enumerate(leases[:3])] + [(leases[0], "null")]
+        return [int(o) for o in await q.engine.complete_many(settled)]
+    return act
+
+
+async def fail_then_retry(q):
+    await _offered(q, 1)
+    (lease,), _ = await q.acquire_many(1)
+    await q.engine.release(lease, 0)  # a history to append to
+    (lease,), _ = await q.acquire_many(1)
+
+    async def act():
+        return int(await q.engine.fail(lease, TaskError("boom", data={"n": 10 ** 400, "deep": [[[1]]]}),
+                                       retryable=True, retry=lambda n: 5.0, declared=()))
+    return act
+
+
+async def fail_for_good(q):
+    await _offered(q, 1, max_retries=0)
+    (lease,), _ = await q.acquire_many(1)
+
+    async def act():
+        return int(await q.engine.fail(lease, TaskError("boom"), retryable=True, retry=None, declared=()))
+    return act
+
+
+async def release_now(q):
+    await _offered(q, 2)
+    leases, _ = await q.acquire_many(2)
+
+    async def act():
+        return [int(await q.engine.release(lease, 0)) for lease in leases[:1]]
+    return act
+
+
+async def release_later(q):
+    await _offered(q, 1)
+    (lease,), _ = await q.acquire_many(1)
+
+    async def act():
+        return int(await q.engine.release(lease, 30))
+    return act
+
+
+async def renew_leases(q):
+    await _offered(q, 3)
+    leases, _ = await q.acquire_many(3)
+    await leases[2].complete()
+
+    async def act():
+        return await q.engine.renew(leases)
+    return act
+
+
+async def progress_report(q):
+    await _offered(q, 1)
+    (lease,), _ = await q.acquire_many(1)
+
+    async def act():
+        return await q.engine.progress(lease, {"done": 0.5})
+    return act
+
+
+async def cancel_active(q):
+    await _offered(q, 2)
+    (lease,), _ = await q.acquire_many(1)
+    await q.redis.zadd(q.keys.key("waiters"), {lease.task_id: 2 ** 50})
+
+    async def act():
+        return await q.cancel(lease.task_id)
+    return act
+
+
+async def retry_failed(q):
+    await _offered(q, 1, max_retries=0)
+    (lease,), _ = await q.acquire_many(1)
+    await lease.fail(TaskError("boom"))
+
+    async def act():
+        return await q.retry("w0")
+    return act
+
+
+async def maintain_everything(q):
+    await q.configure(dedup_window=0.01)
+    await _offered(q, 2)
+    await q.offer("t", "fragile", task_id="fragile", max_stalled_count=0)
+    await q.offer("t", "soon", task_id="soon", delay=0.001)
+    leases, _ = await q.acquire_many(3, lock_timeout=0.03)
+    await q.offer_many([("t", i, {"task_id": f"done{i}"}) for i in range(2)])
+    done, _ = await q.acquire_many(2)
+    for lease in done:
+        await lease.complete()
+    await asyncio.sleep(0.1)  # the leases ran out, the records and reservations expired
+
+    async def act():
+        return dataclasses.astuple(await q.maintain(batch=50))
+    return act
+
+
+async def configure_settings(q):
+    async def act():
+        await q.configure(max_active=3, paused=True, retention_completed=60)
+    return act
+
+
+async def announce_worker(q):
+    await q.worker_beat("other", 1, 4, 0.001)
+    await asyncio.sleep(0.01)  # past its expiry: dropped by the next announcement
+
+    async def act():
+        await q.worker_beat("me", 2, 8, 30)
+    return act
+
+
+async def reclaim_lost(q):
+    await _offered(q, 3)
+    leases, _ = await q.acquire_many(2)
+    prefix = leases[0].token.rsplit(":", 1)[0]
+    from effectmq import protocol
+    reclaim_args = getattr(protocol, "ReclaimArgs", None)
+    if reclaim_args is None:
+        pytest.fail("protocol.ReclaimArgs is missing: the reclaim script has no typed call")
+
+    async def act():
+        return (await q._scripts.run(reclaim_args(prefix, ["w0", "w1", "w2"]))).reclaimed
+    return act
+
+
+SCENARIOS = [
+    Scenario("offer", "mixed", offer_mixed),
+    Scenario("acquire", "promotion", acquire_with_promotion, {"lock_timeout": 60}),
+    Scenario("acquire", "completions", acquire_with_completions, {"lock_timeout": 60, "retention_completed": 0}),
+    Scenario("acquire", "completions-kept", acquire_with_completions, {"lock_timeout": 60}),
+    Scenario("complete", "batch", complete_batch, {"lock_timeout": 60, "retention_completed": 0}),
+    Scenario("complete", "batch-kept", complete_batch, {"lock_timeout": 60}),
+    Scenario("fail", "retry", fail_then_retry, {"lock_timeout": 60}),
+    Scenario("fail", "for-good", fail_for_good, {"lock_timeout": 60, "retention_failed": 0}),
+    Scenario("fail", "for-good-kept", fail_for_good, {"lock_timeout": 60}),
+    Scenario("release", "now", release_now, {"lock_timeout": 60}),
+    Scenario("release", "later", release_later, {"lock_timeout": 60}),
+    Scenario("renew", "leases", renew_leases, {"lock_timeout": 60}),
+    Scenario("progress", "report", progress_report, {"lock_timeout": 60}),
+    Scenario("cancel", "active", cancel_active, {"lock_timeout": 60}),
+    Scenario("retry", "failed", retry_failed, {"lock_timeout": 60}),
+    Scenario("maintain", "everything", maintain_everything, {"retention_completed": 0.01}),
+    Scenario("configure", "settings", configure_settings),
+    Scenario("workers", "announce", announce_worker),
+    Scenario("reclaim", "lost", reclaim_lost, {"lock_timeout": 60}),
+]
+
+
+async def _trace(raw) -> list[StepTrace]:
+    """The traced calls since the last read, one StepTrace per call."""
+    steps = [s.decode() for s in await raw.lrange(TRACE_KEY, 0, -1)]
+    await raw.delete(TRACE_KEY)
+    calls: list[list[str]] = []
+    for step in steps:
+        if step == "begin":
+            calls.append([])
+        else:
+            calls[-1].append(step)
+    return [StepTrace(tuple(c)) for c in calls]
+
+
+async def inject_everywhere(raw, base: bytes, inj: Injector, operation: str, act: Action,
+                            summarize: Callable[[], Awaitable[Any]]) -> int:
+    """The traced run, then a fault at every step up to the first write and at every
+    hint; returns the number of points injected."""
+    saved, before = await dump_all(raw), await snapshot(raw)
+    inj.set(operation, trace=True)
+    clean = await act()
+    calls = await _trace(raw)
+    inj.set(None)
+    assert calls, f"{operation} never ran"
+    for call in calls:
+        assert not call.violations(), f"{operation}: after the first write: {call.violations()}\n{call.steps}"
+    expected = await summarize()
+    first = calls[0]
+    assert first.first_write <= len(first.steps), f"{operation}: the scenario wrote nothing: {first.steps}"
+    points = 0
+    for k in [*range(1, first.first_write + 1), *first.hints()]:
+        await restore(raw, saved)
+        inj.set(operation, fail_at=k)
+        if k <= first.first_write:
+            try:
+                await act()
+            except Exception:  # noqa: BLE001 - any refusal: what matters is what it left
+                assert await snapshot(raw) == before, f"{operation}: step {k} ({first.steps[k - 1]}) failed after a write"
+                inj.set(None)
+                assert await act() == clean, f"{operation}: the call sent again after step {k} failed"
+            else:  # a step the script guards (a decode under pcall): it settles all the same
+                assert first.steps[k - 1].startswith("codec:"), f"{operation}: a fault at step {k} went unnoticed"
+        else:  # a denied hint: the call goes through
+            assert await act() == clean, f"{operation}: a denied hint at step {k} changed the reply"
+        inj.set(None)
+        assert await summarize() == expected, f"{operation}: after a fault at step {k}"
+        points += 1
+    return points
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.id)
+async def test_a_fault_before_the_first_write_writes_nothing(redis_url, injector, scenario):
+    q = effectmq.TaskQueue("rule7", url=redis_url, **scenario.queue_options)
+    q._scripts.functions = False  # by SHA, so that the instrumented text is what runs
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+        act = await scenario.setup(q)
+        base = q.keys.base.encode()
+        points = await inject_everywhere(raw, base, injector, scenario.operation, act,
+                                         lambda: queue_invariants(raw, base))
+        assert points >= 2
+        print(f"{scenario.id}: {points} fault points")
+    finally:
+        await q.close()
+        await raw.aclose()
+
+
+# -- the scheduler's scripts -----------------------------------------------------------
+
+def _spec(i: int, cron: str = "* * * * *") -> ScheduleSpec:
+    return ScheduleSpec(id=f"s{i}", queue="q", cron=cron, task="tick")
+
+
+async def _schedules_summary(raw) -> dict:
+    out = {}
+    async for key in raw.scan_iter(match=b"{emq-sched:rule7}:*"):
+        kind = await raw.type(key)
+        if kind == b"hash":
+            h = await raw.hgetall(key)
+            out[key] = {k: v for k, v in h.items() if not k.endswith(b"_at") and k != b"cursor"}  # times: now
+        elif kind == b"zset":
+            out[key] = [m for m, _ in await raw.zrange(key, 0, -1, withscores=True)]
+    return out
+
+
+@pytest.mark.parametrize("operation", ["put", "advance", "due", "remove"])
+async def test_the_schedulers_scripts_keep_the_rule(redis_url, operation):
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    raw = aioredis.Redis.from_url(redis_url)
+    store = ScheduleStore(client, namespace="rule7")
+    inj = Injector()
+
+    def arm() -> None:
+        text = schedule_store.source(operation)
+        store._scripts[operation] = client.register_script(
+            inj.text(operation, text) if inj.operation else text)
+
+    try:
+        for i in range(3):
+            await store.put(_spec(i))
+        await raw.hdel(store.key("s2"), "cursor")  # written by hand: due gives it a cursor
+        version, cursor, now = await store.put(_spec(1, "*/5 * * * *"))
+
+        async def act():
+            arm()
+            if operation == "put":
+                return (await store.put(_spec(0, "0 * * * *")))[0]
+            if operation == "advance":
+                return await store.advance([
+                    Outcome("s1", version, cursor, cursor + 1, now + 60_000, last_tick=cursor + 1, task="t1",
+                            materialized=1),
+                    Outcome("s0", "1", None, None, now + 1000, error="broken"),
+                    Outcome("s1", version, cursor, cursor + 2, now + 60_000)])
+            if operation == "due":
+                return [(r.id, r.version) for r in (await store.due(10)).rows]
+            return await store.remove("s1")
+
+        async def traced(**kwargs):
+            inj.set(operation, **kwargs)
+            return await act()
+
+        async def plain():
+            inj.set(None)
+            return await act()
+
+        saved, before = await dump_all(raw), await snapshot(raw)
+        clean = await traced(trace=True)
+        calls = await _trace(raw)
+        assert calls and not calls[0].violations(), calls
+        expected = await _schedules_summary(raw)
+        first = calls[0]
+        assert first.first_write <= len(first.steps), first.steps
+        for k in range(1, first.first_write + 1):
+            await restore(raw, saved)
+            with pytest.raises(Exception):
+                await traced(fail_at=k)
+            assert await snapshot(raw) == before, f"{operation}: step {k} ({first.steps[k - 1]})"
+            assert await plain() == clean
+            assert await _schedules_summary(raw) == expected
+        print(f"scheduler {operation}: {first.first_write} fault points")
+    finally:
+        await client.aclose()
+        await raw.aclose()
+
+
+# -- the test catches a planted violation ----------------------------------------------
+
+async def test_a_write_planted_before_a_check_is_caught(redis_url, injector):
+    """fail.lua with its first write sent at once, before the reads and checks that follow
+    (the write order of 8519fde): the rule check names the steps after it, and a fault
+    at one of them leaves the task active in no index: lost."""
+    injector.plant = lambda text: re.sub(
+        r"\nwrite\('ZREM', K_ACTIVE, id\)", "\nredis.call('ZREM', K_ACTIVE, id)", text, count=1)
+    q = effectmq.TaskQueue("planted", url=redis_url, lock_timeout=60)
+    q._scripts.functions = False
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+        act = await fail_then_retry(q)
+        base = q.keys.base.encode()
+        saved = await dump_all(raw)
+        with pytest.raises(AssertionError, match="after the first write: .*read:HGET"):
+            await inject_everywhere(raw, base, injector, "fail", act, lambda: queue_invariants(raw, base))
+        await restore(raw, saved)
+        injector.set("fail", trace=True)
+        await act()
+        (call,) = await _trace(raw)
+        after_write = int(call.violations()[0].split()[1])
+        await restore(raw, saved)
+        injector.set("fail", fail_at=after_write)
+        with pytest.raises(Exception):
+            await act()
+        with pytest.raises(AssertionError, match="state 'active' but in indexes \\[\\]"):
+            await queue_invariants(raw, base)
+    finally:
+        await q.close()
+        await raw.aclose()
