@@ -34,15 +34,20 @@ ACQUIRE_ROUNDS = 4
 
 
 def error_info(error: Any, declared: Sequence[type[BaseException]] = ()) -> tuple[ErrorInfo, bool]:
-    """Turn what a handler raised (or a caller passed) into a stored error and retryability."""
+    """Turn what a handler raised (or a caller passed) into a stored error and retryability.
+    Whatever a handler raised becomes an ErrorInfo: a __str__ that raises is described instead."""
     if isinstance(error, ErrorInfo):
         return error, True
     if isinstance(error, TaskError):
-        return ErrorInfo(error.error_tag(), str(error), error.data), error.retryable
+        try:
+            tag = error.error_tag()
+        except Exception:  # noqa: BLE001 - a subclass may override it badly
+            tag = type(error).__name__
+        return ErrorInfo(tag, codec.text(error), getattr(error, "data", None)), error.retryable
     if isinstance(error, BaseException):
         if declared and isinstance(error, tuple(declared)):
-            return ErrorInfo(type(error).__name__, str(error)), True
-        return ErrorInfo(DEFECT, f"{type(error).__name__}: {error}"), True
+            return ErrorInfo(type(error).__name__, codec.text(error)), True
+        return ErrorInfo(DEFECT, f"{type(error).__name__}: {codec.text(error)}"), True
     if isinstance(error, str):
         return ErrorInfo(error), True
     if isinstance(error, dict) and "tag" in error:
@@ -51,12 +56,38 @@ def error_info(error: Any, declared: Sequence[type[BaseException]] = ()) -> tupl
 
 
 def error_json(info: ErrorInfo) -> str:
-    """The stored form of an error; data that is not JSON is kept as its repr, so a
-    failure always settles."""
+    """The stored form of an error. Never raises, so a handler failure always settles as
+    one, and gives JSON that Redis's Lua cjson reads and writes back unchanged, at most
+    protocol.MAX_ERROR_BYTES (1 MiB, as fail.lua keeps it):
+
+    - tag, message and kind are text: anything else is str()-ed, a lone surrogate is kept
+      as its escape (\\udcXX), a tag longer than MAX_ERROR_TAG characters is cut ("...").
+    - data is kept when it is plain JSON, at most MAX_ERROR_DEPTH (32) levels deep, its
+      integers within +-2**53, its floats finite, at most MAX_ERROR_DATA_BYTES (512 KiB)
+      of JSON. Else it becomes the placeholder string
+      "~unstorable: <why>; was <a short preview>" (errors.UNSTORABLE; ErrorInfo.unstorable
+      reads it back), e.g. "~unstorable: nested deeper than 32 levels; was [[[[[[...]]]]]]".
+    - a message that does not fit in what is left of MAX_ERROR_BYTES is cut and ends
+      " ... [truncated from <n> bytes: a stored error is at most 1 MiB]".
+    """
     try:
-        return codec.dumps(info.to_json(), "error")
-    except InvalidPayload:
-        return codec.dumps(ErrorInfo(info.tag, info.message, repr(info.data), info.kind).to_json(), "error")
+        tag = codec.text(info.tag)
+        if len(tag) > protocol.MAX_ERROR_TAG:
+            tag = tag[:protocol.MAX_ERROR_TAG - 3] + "..."
+        kind = codec.text(info.kind)[:protocol.MAX_ERROR_TAG]
+        message = codec.text(info.message)
+        out: dict[str, Any] = {"tag": tag, "message": "", "kind": kind}
+        if info.data is not None:
+            out["data"], _ = codec.storable(info.data, max_depth=protocol.MAX_ERROR_DEPTH,
+                                            max_int=protocol.MAX_JSON_INT, max_bytes=protocol.MAX_ERROR_DATA_BYTES)
+        room = protocol.MAX_ERROR_BYTES - len(codec.dumps(out, "error").encode())
+        out["message"] = codec.fitted(message, room, f"a stored error is at most "
+                                                     f"{codec.human_size(protocol.MAX_ERROR_BYTES)}")
+        return codec.dumps(out, "error")
+    except Exception:  # noqa: BLE001 - each part above is made safe: this is the last resort
+        tag = info.tag if isinstance(info.tag, str) and info.tag.isascii() else DEFECT
+        return json.dumps({"tag": tag[:protocol.MAX_ERROR_TAG], "message": "the error could not be stored",
+                           "kind": "handler"})
 
 
 def retry_delay(policies: Sequence[Any], failures: int) -> tuple[float, str | None]:

@@ -9,6 +9,10 @@ CANCELED = "~effectmq/Error/Canceled"
 TIMEOUT = "~effectmq/Error/Timeout"
 DEFECT = "~effectmq/Error/Defect"
 BUILTIN_TAGS = (STALLED, CANCELED, TIMEOUT, DEFECT)
+# How error data that cannot be stored is replaced (engine.error_json): the string
+# "~unstorable: <why>; was <a short preview of the value>". ErrorInfo.unstorable gives
+# what follows the prefix.
+UNSTORABLE = "~unstorable"
 
 
 class EffectMQError(Exception):
@@ -100,6 +104,16 @@ class ErrorInfo:
         self.message = message
         self.data = data
         self.kind = kind
+
+    @property
+    def unstorable(self) -> str | None:
+        """Why the data could not be stored as given, then a preview of it ("nested deeper
+        than 32 levels; was [[[[[[...]]]]]]"): the data is then a placeholder string that
+        starts with UNSTORABLE. None when the data is what the failure carried."""
+        prefix = UNSTORABLE + ": "
+        if isinstance(self.data, str) and self.data.startswith(prefix):
+            return self.data[len(prefix):]
+        return None
 
     def to_json(self) -> dict:
         out = {"tag": self.tag, "message": self.message, "kind": self.kind}

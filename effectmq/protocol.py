@@ -47,6 +47,14 @@ MAX_DEDUP_WINDOW = MAX_DURATION
 MAX_COUNT = 2**31 - 1  # max_retries, max_stalled_count, max_active, events_maxlen, offsets (the CRD's int32)
 MAX_PROMOTE_BATCH = 1000  # due ids an acquire reply names; the next call unpacks them (Lua's limit: ~8,000)
 MAX_LIST = 10_000  # records one listing call reads (list_tasks, events, task_events)
+# A stored error (engine.error_json) is at most MAX_ERROR_BYTES of JSON, as fail.lua keeps
+# it; its data at most MAX_ERROR_DATA_BYTES and MAX_ERROR_DEPTH levels deep, its integers
+# within +-MAX_JSON_INT (Lua reads numbers as doubles). Else the data becomes a placeholder.
+MAX_ERROR_BYTES = 1 << 20
+MAX_ERROR_DATA_BYTES = 1 << 19
+MAX_ERROR_DEPTH = 32
+MAX_ERROR_TAG = 1024  # characters of a tag kept
+MAX_JSON_INT = 2**53
 
 
 class Outcome(IntEnum):

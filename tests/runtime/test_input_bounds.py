@@ -1,16 +1,24 @@
-"""Every number a user gives is bounded where it enters (issue 34: defect 7)."""
+"""Every number a user gives is bounded where it enters, and error data that cannot be
+stored becomes a placeholder (issue 34: defects 1, 7 and 9)."""
 
 from __future__ import annotations
 
+import json
+import math
 import sys
 
 import pytest
 
 import effectmq
 from effectmq import protocol
+from effectmq.engine import error_json
+from effectmq.errors import ErrorInfo
+from effectmq.keys import INDEXES
 
 YEARS_10 = 315_360_000  # seconds: protocol.MAX_DURATION
 COUNT = 2**31 - 1  # protocol.MAX_COUNT
+MIB = 1 << 20  # protocol.MAX_ERROR_BYTES: what fail.lua keeps of an error
+UNSTORABLE = "~unstorable"  # errors.UNSTORABLE: how a placeholder of error data begins
 
 
 def test_the_limits_keep_every_millisecond_value_far_below_2_to_the_53():
@@ -20,6 +28,8 @@ def test_the_limits_keep_every_millisecond_value_far_below_2_to_the_53():
         # Redis time in ms (2100 AD: 4.1e12) plus the largest duration in ms
         assert 4_102_444_800_000 + protocol.ms(limit) < 2**50
     assert protocol.MAX_PROMOTE_BATCH == 1000  # Lua unpacks the due ids: its limit is ~8000
+    assert (protocol.MAX_ERROR_BYTES, protocol.MAX_ERROR_DATA_BYTES, protocol.MAX_ERROR_DEPTH) == (MIB, MIB // 2, 32)
+    assert effectmq.errors.UNSTORABLE == UNSTORABLE
 
 
 # -- defect 7: huge options overflow ----------------------------------------------------
@@ -173,3 +183,141 @@ async def test_retention_at_its_maximum_keeps_the_record_through_maintain(make_q
     await zero.maintain(batch=100)
     assert await zero.redis.zscore(zero.keys.key("dedup"), "tick") > now_ms + (YEARS_10 - 10) * 1000
     assert not (await zero.offer("x", None, task_id="tick")).created
+
+
+# -- defects 1 and 9: error data that cannot be stored ------------------------------------
+
+
+def deep(levels: int):
+    value: object = "bottom"
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+BAD_DATA = {
+    "int beyond double range": ({"n": 10**400}, "an integer beyond ±2**53"),
+    "5000-digit int": (-(10**4999), "an integer beyond ±2**53"),
+    "int just beyond 2**53": ([2**53 + 1], "an integer beyond ±2**53"),
+    "1000 levels deep": (deep(1000), "nested deeper than 32 levels"),
+    "33 levels deep": (deep(33), "nested deeper than 32 levels"),
+    "2 MiB string": ({"s": "x" * (2 << 20)}, "more than 512 KiB as JSON"),
+    "600 KiB of small items": (list(range(100_000)) + ["y" * 300_000], "more than 512 KiB as JSON"),
+    "infinity": ({"f": math.inf}, "a non-finite number"),
+    "nan": ([math.nan], "a non-finite number"),
+    "not JSON": ({"when": object()}, "not JSON"),
+    "a set": ({1, 2}, "not JSON"),
+    "a lone surrogate": ({"s": "\udc80"}, "text with a lone surrogate"),
+    "a bad key": ({(1, 2): 3}, "not JSON"),
+}
+
+
+async def index_membership(q, task_id: str) -> list[str]:
+    async with q.redis.pipeline(transaction=False) as pipe:
+        for index in INDEXES:
+            pipe.zscore(q.keys.key(index), task_id)
+        scores = await pipe.execute()
+    return [index for index, score in zip(INDEXES, scores) if score is not None]
+
+
+@pytest.mark.parametrize("retryable", [True, False], ids=["retried", "terminal"])
+@pytest.mark.parametrize("case", list(BAD_DATA))
+async def test_a_handler_failure_with_unstorable_data_counts_as_a_handler_failure(make_queue, case, retryable):
+    data, reason = BAD_DATA[case]
+    q = make_queue("errdata", lock_timeout=30, max_retries=3)
+    await q.offer("x", None, task_id="t")
+    lease = await q.acquire()
+    error = effectmq.TaskError("it broke", data=data)  # a handler builds it: must not raise
+    retried = await lease.fail(error, retryable=retryable)
+    assert retried is retryable
+    info = await q.get("t")
+    assert info.handler_failure_count == 1 and info.stalled_attempt_count == 0
+    assert info.state == ("delayed" if retryable else "failed")
+    assert await index_membership(q, "t") == [info.state]
+    assert (info.error.tag, info.error.message, info.error.kind) == ("TaskError", "it broke", "handler")
+    assert isinstance(info.error.data, str) and info.error.data.startswith(UNSTORABLE + ": ")
+    assert reason in info.error.data and info.error.unstorable.startswith(reason)
+    assert len(info.error.data) < 10_000
+    assert info.attempts[-1].error.data == info.error.data  # the history holds it too
+    # A resent failure (lost reply) gives the same answer and changes nothing.
+    assert await lease.fail(error, retryable=retryable) is retryable
+    assert (await q.get("t")).handler_failure_count == 1
+    assert (await q.stats()).active == 0
+    await q.maintain()
+    assert await index_membership(q, "t") == [info.state]
+
+
+async def test_an_over_long_message_is_truncated_with_a_note(make_queue):
+    q = make_queue("longmsg", lock_timeout=30)
+    await q.offer("x", None, task_id="t", max_retries=0)
+    lease = await q.acquire()
+    message = "é" * (3 << 20)  # 3 Mi characters, 6 MiB of UTF-8
+    assert not await lease.fail(effectmq.TaskError(message, data={"kept": True}))
+    info = await q.get("t")
+    assert info.state == "failed" and info.handler_failure_count == 1
+    assert await index_membership(q, "t") == ["failed"]
+    assert info.error.data == {"kept": True} and info.error.unstorable is None
+    stored = info.error.message
+    assert len(stored.encode()) <= MIB and stored.startswith("éé")
+    assert stored.endswith(" ... [truncated from 6,291,456 bytes: a stored error is at most 1 MiB]")
+
+
+async def test_stored_errors_survive_lua_cjson(make_queue):
+    """error_json never raises, and what it gives Redis's Lua cjson decodes and encodes
+    again (fail.lua keeps errors in the attempts history that way)."""
+    q = make_queue("cjson")
+
+    class Weird:
+        def __str__(self):
+            raise RuntimeError("no str")
+
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    class BadInt(int):
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    cycle: list = []
+    cycle.append(cycle)
+    values = [data for data, _ in BAD_DATA.values()] + [
+        Weird(), [Weird()], cycle, {"k": BadInt(5)}, {1: "int key"}, 2**53, -(2**53), 1e308, -0.0, "\x00",
+        {"deep": deep(32)}, "x" * ((1 << 20) - 8), None,
+    ]
+    for data in values:
+        for info in (ErrorInfo("Tag", "message", data), ErrorInfo(Weird(), Weird(), data, Weird()),  # type: ignore[arg-type]
+                     ErrorInfo("\udc80" * 3, "m\udc80", data), ErrorInfo("T", "m" * (2 << 20), data)):
+            text = error_json(info)
+            decoded = json.loads(text)
+            assert isinstance(decoded["tag"], str) and isinstance(decoded["message"], str)
+            assert len(text.encode()) <= MIB  # fail.lua keeps no more
+            again = await q.redis.eval("return cjson.encode(cjson.decode(ARGV[1]))", 0, text)
+            assert json.loads(again)["tag"] == decoded["tag"]
+    assert json.loads(error_json(ErrorInfo("T", "m", {"deep": deep(31)})))["data"] == {"deep": deep(31)}
+    assert json.loads(error_json(ErrorInfo("T", "m", [2**53, -(2**53)])))["data"] == [2**53, -(2**53)]
+    small = list(range(40_000))  # 229 KB of JSON: kept, whatever the count of items
+    assert json.loads(error_json(ErrorInfo("T", "m", small)))["data"] == small
+    exact = "z" * ((1 << 19) - 2)  # exactly 512 KiB of JSON: kept; one byte more is not
+    assert json.loads(error_json(ErrorInfo("T", "m", exact)))["data"] == exact
+    assert ErrorInfo.from_json(json.loads(error_json(ErrorInfo("T", "m", exact + "z")))).unstorable.startswith(
+        "more than 512 KiB as JSON")
+
+
+def test_error_info_never_raises_for_what_a_handler_raised():
+    from effectmq.engine import error_info
+
+    class Broken(Exception):
+        def __str__(self):
+            raise RuntimeError("no str")
+
+    class BrokenTag(effectmq.TaskError):
+        def __str__(self):
+            raise ValueError("no str")
+
+    info, _ = error_info(Broken())
+    assert info.tag == effectmq.errors.DEFECT and "Broken" in info.message
+    info, _ = error_info(BrokenTag("x"))
+    assert info.tag == "BrokenTag" and "BrokenTag" in info.message
+    big = effectmq.TaskError("x", data={"n": int("9" * 4000) * 10**1000})  # constructing never raises
+    info, retryable = error_info(big)
+    assert retryable and UNSTORABLE in error_json(info)
