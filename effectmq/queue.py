@@ -8,6 +8,7 @@ the reply into records or errors. The worker protocol (acquire, renew, settle) i
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import time
@@ -64,6 +65,8 @@ _SETTING_RANGES = {
     "events_maxlen": (0, MAX_COUNT),
 }
 MAX_RETRY_FACTOR = 1000.0
+# offer_many builds its answers in slices of this many, letting the event loop run between.
+_ANSWER_SLICE = 10 * protocol.OFFER_CHUNK
 # Indexes whose due members are task ids: maintain declares their hashes (lib.lua).
 TASK_SWEEPS = ("active", "delayed", "completed", "failed", "canceled")
 # Indexes maintain.lua sweeps by itself (their members touch no task hash).
@@ -181,12 +184,19 @@ class TaskQueue(OwnsConnection):
         """Offer a batch. Items: (name, payload), (name, payload, options) or dicts
         {"name": ..., "payload": ..., **options}. All are validated before anything is sent.
 
+        An explicit task_id given again later in the same batch is answered as a re-offer
+        would be (created=False; that entry's name, payload and options are not used)
+        and is not sent. Validation yields to the event loop after every OFFER_CHUNK
+        items, so a large batch never holds up the caller's other coroutines for long.
+
         Each script call stores at most OFFER_CHUNK tasks, atomically; the chunks of up to
         OFFER_WINDOW * OFFER_CHUNK tasks travel in one round trip. If an error interrupts
         a batch, some chunks may be stored: offering the same ids again is safe (an
         existing id is left untouched), so give task_ids when a batch must be resent.
         """
         ids: list[str] = []
+        sent: list[int] = []  # for each task sent, its place in the batch
+        seen: set[str] = set()  # the ids sent so far: a repeat in the batch is not sent
         calls: list[protocol.OfferArgs] = []
         chunk: list[protocol.OfferTask] = []
         for item in tasks:
@@ -205,19 +215,37 @@ class TaskQueue(OwnsConnection):
             except TypeError as exc:
                 raise InvalidOption(f"invalid offer options {sorted(options)}: {exc}") from None
             ids.append(tid)
+            if tid in seen:
+                continue
+            seen.add(tid)
+            sent.append(len(ids) - 1)
             chunk.append(task)
             if len(chunk) == protocol.OFFER_CHUNK:
                 calls.append(protocol.OfferArgs(chunk))
                 chunk = []
+                await asyncio.sleep(0)  # let the loop run between chunks (issue 34, defect 12)
         if chunk:
             calls.append(protocol.OfferArgs(chunk))
         created: list[bool] = []
-        for i in range(0, len(calls), protocol.OFFER_WINDOW):
-            for reply in await self._scripts.run_many(calls[i:i + protocol.OFFER_WINDOW]):
+        first = calls[0].tasks if calls else ()
+        windows = [calls[i:i + protocol.OFFER_WINDOW] for i in range(0, len(calls), protocol.OFFER_WINDOW)]
+        calls.clear()  # each window is dropped once sent: fewer objects for the collector to walk
+        windows.reverse()
+        while windows:
+            for reply in await self._scripts.run_many(windows.pop()):
                 created.extend(reply.created)
-        self.engine.learn_ready([task.id for call in calls[:1] for task, new in zip(call.tasks, created)
+        self.engine.learn_ready([task.id for task, new in zip(first, created)
                                  if new and not task.delay_ms])  # the first chunk's: this process may acquire them
-        return [Offered(tid, c) for tid, c in zip(ids, created)]
+        answers = [False] * len(ids)
+        for place, new in zip(sent, created):
+            answers[place] = new
+        offered: list[Offered] = []
+        for start in range(0, len(ids), _ANSWER_SLICE):  # the loop runs between slices
+            if start:
+                await asyncio.sleep(0)
+            offered.extend(Offered(tid, new) for tid, new in zip(ids[start:start + _ANSWER_SLICE],
+                                                                 answers[start:start + _ANSWER_SLICE]))
+        return offered
 
     # -- workers -----------------------------------------------------------
 
