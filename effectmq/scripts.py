@@ -1,13 +1,12 @@
 """The Lua scripts of the storage protocol, one per atomic operation, and their runner.
 
-On Redis 7 the scripts in ``lua/`` are one function library (`library`: lib.lua's
-helpers defined once, each script a function) called with FCALL. Where Redis has no
-functions for us (6.2, an ACL), each is called by SHA (EVALSHA), prefixed with the queue
-settings' defaults (from `protocol.SETTING_DEFAULTS`) and the definitions of
-``lua/lib.lua`` it uses. When Redis answers that it lacks one (after a restart, SCRIPT or
+On Redis 7 the scripts in ``lua/`` are one function library (`library`: the helpers of
+``lua/includes/`` defined once, each script a function) called with FCALL. Where Redis
+has no functions for us (6.2, an ACL), each is called by SHA (EVALSHA), prefixed with the
+queue settings' defaults (from `protocol.SETTING_DEFAULTS`) and the includes it names. When Redis answers that it lacks one (after a restart, SCRIPT or
 FUNCTION FLUSH) the runner loads it and sends the call again. Calls take and give the
 typed records of `protocol`; each call declares the queue's keys and then the task
-hashes of its `task_ids()` (lib.lua).
+hashes of its `task_ids()` (lua/includes/keys.lua).
 """
 
 from __future__ import annotations
@@ -50,24 +49,56 @@ def _lua_file(name: str) -> str:
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A script or include names what it needs, one line each (BullMQ's `--- @include`).
+_INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.M)
+
+
+def _include_file(name: str) -> str:
+    return _lua_file(f"includes/{name}.lua")
+
+
+@cache
+def include_names() -> tuple[str, ...]:
+    return tuple(sorted(p.name[:-4] for p in (resources.files(__package__) / "lua" / "includes").iterdir()
+                        if p.name.endswith(".lua")))
+
+
+@cache
+def includes(operation: str | None = None) -> tuple[str, ...]:
+    """The includes a script names, each after the includes it names itself, each once (all
+    of them when `operation` is None). Lua sees a local only after its definition, so
+    this order is the only one that works; a cycle raises."""
+    order: list[str] = []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in path:
+            raise ValueError(f"lua includes: a cycle {' -> '.join((*path, name))}")
+        if name in order:
+            return
+        for needed in _INCLUDE.findall(_include_file(name)):
+            visit(needed, (*path, name))
+        order.append(name)
+
+    roots = include_names() if operation is None else _INCLUDE.findall(_lua_file(f"{operation}.lua"))
+    for name in roots:
+        visit(name, ())
+    return tuple(order)
 
 
 class Definition(NamedTuple):
-    """One top-level definition of lib.lua."""
+    """One top-level definition of an include."""
 
     names: frozenset[str]  # the local names it defines
     text: str  # the comment lines above it included
     function: bool  # a `local function ... end`; else a one-line `local` statement, its last line
 
 
-@cache
-def lib_definitions() -> tuple[Definition, ...]:
-    """lib.lua's top-level definitions in order. lib.lua is written so that this split is
-    exact: after its header comment, every statement is one line that starts with
-    `local`, or a `local function` up to the `end` at the start of a line; anything
-    else raises, so an edit that breaks the rule is found on the first call."""
-    lib = _lua_file("lib.lua")
-    body = lib[lib.index("]]") + 2:] if lib.startswith("--[[") else lib
+def _definitions(text: str, where: str) -> list[Definition]:
+    """An include's top-level definitions in order. Includes are written so that this
+    split is exact: after a header comment, every statement is one line that starts with
+    `local`, or a `local function` up to the `end` at the start of a line; anything else
+    raises, so an edit that breaks the rule is found on the first call."""
+    body = text[text.index("]]") + 2:] if text.startswith("--[[") else text
     definitions: list[tuple[frozenset[str], list[str], bool]] = []
     comments: list[str] = []
     in_function = False  # until the `end` at the start of a line
@@ -85,29 +116,24 @@ def lib_definitions() -> tuple[Definition, ...]:
         elif line.startswith("--") or not line.strip():
             comments.append(line)
         else:
-            raise ValueError(f"lib.lua: a top-level line that is not a local definition: {line!r}")
-    return tuple(Definition(names, "\n".join(lines), function) for names, lines, function in definitions)
+            raise ValueError(f"{where}: a top-level line that is not a local definition: {line!r}")
+    return [Definition(names, "\n".join(lines), function) for names, lines, function in definitions]
+
+
+@cache
+def lib_definitions() -> tuple[Definition, ...]:
+    """Every include's top-level definitions, the includes in dependency order."""
+    return tuple(d for name in includes() for d in _definitions(_include_file(name), f"includes/{name}.lua"))
 
 
 @cache
 def prelude(operation: str | None = None) -> str:
-    """What a script runs before its own code: the settings' defaults, then the
-    definitions of lib.lua it uses, directly or through other definitions (all of them
-    when `operation` is None). Each one costs every call of the script, whether it uses
-    it or not: defining all of lib.lua's helpers was a quarter of an offer's Redis work."""
-    definitions = lib_definitions()
-    chosen: set[int] = set()
-    if operation is None:
-        chosen.update(range(len(definitions)))
-    else:
-        where = {name: i for i, d in enumerate(definitions) for name in d.names}
-        todo = [_lua_file(f"{operation}.lua")]
-        while todo:  # a name in a comment or a string may add one more: harmless
-            for name in set(_NAME.findall(todo.pop())) & where.keys():
-                if where[name] not in chosen:
-                    chosen.add(where[name])
-                    todo.append(definitions[where[name]].text)
-    return lua_defaults() + "\n".join(definitions[i].text for i in sorted(chosen)) + "\n"
+    """What a script runs before its own code: the settings' defaults, then the includes
+    it names, with those they name (all of them when `operation` is None). Each costs
+    every EVAL of the script, whether it uses it or not: defining all the helpers was a
+    quarter of an offer's Redis work."""
+    parts = [d.text for name in includes(operation) for d in _definitions(_include_file(name), name)]
+    return lua_defaults() + "\n".join(parts) + "\n"
 
 
 @cache
@@ -121,7 +147,7 @@ def sha(operation: str) -> str:
 
 
 # The scripts a full Redis (maxmemory, noeviction) must refuse: their first write may
-# grow memory. Every other one frees first or writes nothing (lib.lua, FIRST_WRITE_FREES),
+# grow memory. Every other one frees first or writes nothing (includes/writes.lua, FIRST_WRITE_FREES),
 # and as a function it says so with allow-oom; Redis refuses the rest before they run.
 REFUSED_WHEN_FULL = frozenset({"offer", "progress"})
 # The scripts that write nothing: as functions (no-writes) they run on a read-only replica
@@ -136,8 +162,8 @@ _UNNAMED = "effectmq_unnamed"  # the library's name in its functions' names unti
 def library() -> tuple[str, str]:
     """The scripts as one Redis function library (Redis 7): its name, and its source.
 
-    lib.lua's functions are defined once, when the library loads, where an EVAL defines
-    them again on every call (about half of what a call of `return 1` after lib.lua
+    The includes' functions are defined once, when the library loads, where an EVAL defines
+    them again on every call (about half of what a call of `return 1` after them
     costs). Its other definitions (the queue's keys, the per-call caches and state) are
     declared once and assigned again at the start of every call (`begin`), so no call
     sees another's. The name carries a hash of the source: versions side by side in a
@@ -224,7 +250,7 @@ class ScriptRunner:
         return [prefix + (i if isinstance(i, bytes) else i.encode(errors="surrogateescape")) for i in task_ids]
 
     def receipt_keys(self, receipt_ids: Sequence[str]) -> list[bytes]:
-        """The receipts' keys (lib.lua's use_receipts), declared after the task hashes."""
+        """The receipts' keys (includes/receipts.lua use_receipts), declared after the task hashes."""
         prefix = self.keys[0] + b"r:"
         return [prefix + i.encode() for i in receipt_ids]
 

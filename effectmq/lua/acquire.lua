@@ -1,7 +1,7 @@
 --[[ acquire: complete the caller's finished tasks (as complete.lua), then lease up to
 `count` of the declared candidates that are ready, each under a new token, and name the
 ids the next call may declare: a worker's steady state is one call per batch.
-KEYS: the queue keys of lib.lua, then candidates: the task hashes of ids an earlier reply
+KEYS: the queue keys of keys.lua, then candidates: the task hashes of ids an earlier reply
   named (ready or due), or a wake message, or the caller's own offers; a call with none
   only names them. Before the candidates: the task hash of each completion's id, in order;
   after them: the receipt key of `receipt` and of each id in `resent` (use_receipts).
@@ -32,6 +32,16 @@ Returns: {now, deadline, next_due, status, ready, due, outcomes, leases...}
 leases...: 10 values each: id, token, attempt, name, payload, handler_failure_count,
   stalled_attempt_count, max_retries, options, priority
 ]]
+--- @include "keys"
+--- @include "time"
+--- @include "writes"
+--- @include "extras"
+--- @include "meta"
+--- @include "events"
+--- @include "indexes"
+--- @include "receipts"
+--- @include "settle"
+--- @include "leases"
 local MAX_PROMOTE_BATCH = 1000  -- the client's bound too (protocol.MAX_PROMOTE_BATCH)
 local now = now_ms()
 local retention = meta_num('retention_completed_ms', ARGV[7])

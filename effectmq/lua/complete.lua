@@ -1,6 +1,6 @@
 --[[ complete: settle owned tasks as completed with their results (one or many per call).
-KEYS: the queue keys of lib.lua, then the task hash of each record's id, in order, then
-  the receipt key of `receipt` and of each id in `resent` (lib.lua's use_receipts).
+KEYS: the queue keys of keys.lua, then the task hash of each record's id, in order, then
+  the receipt key of `receipt` and of each id in `resent` (receipts.lua's use_receipts).
 ARGV[1] retention_ms  for completed records (meta retention_completed_ms wins; -1 = keep)
 ARGV[2] receipt       this call's receipt id ('' = none), unique per call
 ARGV[3] resent        space-separated receipt ids of earlier calls that carried any of these
@@ -10,6 +10,10 @@ Returns: {outcomes...}  one per completion (protocol.Outcome): 1 = completed (no
   this token before: a resent acknowledgement), 2/3/4 = this token settled otherwise
   before (retry, failed, released), 0 = lease lost (nothing changed).
 ]]
+--- @include "meta"
+--- @include "receipts"
+--- @include "settle"
+--- @include "leases"
 local retention = meta_num('retention_completed_ms', ARGV[1])
 use_receipts(ARGV[2], ARGV[3])
 local outcomes = complete_each(4, retention)

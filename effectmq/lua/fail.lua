@@ -1,5 +1,5 @@
 --[[ fail: record a typed handler failure of an owned task; retry or fail for good.
-KEYS: the queue keys of lib.lua, then the task hash of ARGV's id, then the receipt key of
+KEYS: the queue keys of keys.lua, then the task hash of ARGV's id, then the receipt key of
   each id in `receipts`.
 ARGV[1] id
 ARGV[2] token
@@ -14,6 +14,18 @@ Returns: {outcome, handler_failure_count, retry_at}
   a token that settled before (a resent acknowledgement) gets its outcome again, with
   handler_failure_count -1.
 ]]
+--- @include "keys"
+--- @include "time"
+--- @include "writes"
+--- @include "meta"
+--- @include "events"
+--- @include "history"
+--- @include "wake"
+--- @include "indexes"
+--- @include "receipts"
+--- @include "outcomes"
+--- @include "settle"
+--- @include "leases"
 local id, token = ARGV[1], ARGV[2]
 local now = now_ms()
 local key, lease = owned(id, token, now)

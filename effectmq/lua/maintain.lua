@@ -1,6 +1,6 @@
 --[[ maintain: bounded sweeps by Redis time, over the declared tasks and the queue's own
 indexes.
-KEYS: the queue keys of lib.lua, then candidates: the task hashes of ids the caller read
+KEYS: the queue keys of keys.lua, then candidates: the task hashes of ids the caller read
   first, at most `batch` from each of active, delayed, completed, failed and canceled
   (their lowest scores); each is checked here again by Redis time.
 ARGV[1] batch              the sweeps of dedup, settled and waiters remove at most this many each
@@ -17,6 +17,16 @@ Returns: {recovered, stalled_failed, promoted, expired_records, expired_reservat
   more = 1 when a sweep of dedup, settled or waiters was cut short by its batch; the
   caller adds its own reads that were (call again soon).
 ]]
+--- @include "call"
+--- @include "keys"
+--- @include "time"
+--- @include "writes"
+--- @include "meta"
+--- @include "events"
+--- @include "history"
+--- @include "wake"
+--- @include "indexes"
+--- @include "settle"
 local now = now_ms()
 local batch = tonumber(ARGV[1])
 local more = 0
@@ -53,7 +63,7 @@ for _, id in ipairs(candidates) do
   if due_in(K_ACTIVE, id) then
     -- An expired lease: the attempt stalled; count it and hand the task back or end it.
     write('ZREM', K_ACTIVE, id)
-    touched[id] = true
+    call.touched[id] = true
     if redis.call('EXISTS', key) == 1 then
       local stalls = (tonumber(redis.call('HGET', key, 'stalled_attempt_count')) or 0) + 1
       local limit = task_option(key, 'max_stalled_count', 'max_stalled_count', ARGV[2])

@@ -1,5 +1,5 @@
 --[[ offer: add one or more tasks; an id that exists (or is still reserved) is left untouched.
-KEYS: the queue keys of lib.lua, then the task hash of each record's id, in order.
+KEYS: the queue keys of keys.lua, then the task hash of each record's id, in order.
 ARGV[1] count  the number of tasks
 ARGV[2] nonce  random per call (a positive integer), stored as explicit_id of the tasks
   with explicit ids it creates: a resend of the call (its reply lost) finds them as its own
@@ -10,6 +10,13 @@ ARGV[3...] tasks...: 9 values each: id, explicit_id, name, payload, delay_ms, pr
 Returns: {created...}  one per task: 1 = created (by this call, or by its first send),
   0 = already known (idempotent re-offer, or the same id earlier in this call)
 ]]
+--- @include "keys"
+--- @include "time"
+--- @include "writes"
+--- @include "extras"
+--- @include "events"
+--- @include "wake"
+--- @include "indexes"
 local now = now_ms()
 local n = tonumber(ARGV[1])
 local nonce = ARGV[2]

@@ -2,10 +2,15 @@
 runs them, so each declared task still active under a token of that call goes back to
 waiting as if it had not been leased (its attempt not counted, no stall). Leases of
 other calls, and tasks settled meanwhile, are left alone.
-KEYS: the queue keys of lib.lua, then the task hash of each id the lost call declared.
+KEYS: the queue keys of keys.lua, then ids: the task hashes of ids the lost call declared.
 ARGV[1] token_prefix  the lost call's token prefix (its tokens are token_prefix..":"..seq)
 Returns: reclaimed  how many tasks went back to waiting
 ]]
+--- @include "keys"
+--- @include "time"
+--- @include "writes"
+--- @include "wake"
+--- @include "indexes"
 if ARGV[1] == '' then return 0 end
 local prefix = ARGV[1] .. ':'
 local now = now_ms()

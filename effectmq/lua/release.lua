@@ -1,5 +1,5 @@
 --[[ release: give an owned task back without counting a failure.
-KEYS: the queue keys of lib.lua, then the task hash of ARGV's id, then the receipt key of
+KEYS: the queue keys of keys.lua, then the task hash of ARGV's id, then the receipt key of
   each id in `receipts`.
 ARGV[1] id
 ARGV[2] token
@@ -8,6 +8,17 @@ ARGV[4] receipts  space-separated: the calls that carried a completion by this t
 Returns: outcome  (protocol.Outcome) 4 = released (now, or by this token before),
   1/2/3 = this token settled otherwise before, 0 = lease lost.
 ]]
+--- @include "keys"
+--- @include "time"
+--- @include "writes"
+--- @include "events"
+--- @include "history"
+--- @include "wake"
+--- @include "indexes"
+--- @include "receipts"
+--- @include "outcomes"
+--- @include "settle"
+--- @include "leases"
 local id, token = ARGV[1], ARGV[2]
 local now = now_ms()
 local key = owned(id, token, now)

@@ -1,9 +1,15 @@
 --[[ renew: extend the leases the caller still owns.
-KEYS: the queue keys of lib.lua, then the task hash of each record's id, in order.
+KEYS: the queue keys of keys.lua, then the task hash of each record's id, in order.
 ARGV[1] lock_timeout_ms  the queue's meta lock_timeout_ms wins when set
 ARGV[2...] leases...: 2 values each: id, token
 Returns: {now, deadline, owned...}  owned: 1 (renewed) or 0 (lease lost) per lease
 ]]
+--- @include "keys"
+--- @include "time"
+--- @include "writes"
+--- @include "meta"
+--- @include "indexes"
+--- @include "leases"
 local now = now_ms()
 local deadline = now + meta_num('lock_timeout_ms', ARGV[1])
 local out = {now, deadline}

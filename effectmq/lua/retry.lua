@@ -1,9 +1,15 @@
 --[[ retry: put a failed or canceled task back to waiting with fresh failure counters.
-KEYS: the queue keys of lib.lua, then the task hash of ARGV's id.
+KEYS: the queue keys of keys.lua, then the task hash of ARGV's id.
 ARGV[1] id
 Returns: previous_state  the state the task was in ("" when unknown); only failed and
   canceled tasks are retried.
 ]]
+--- @include "keys"
+--- @include "time"
+--- @include "writes"
+--- @include "events"
+--- @include "wake"
+--- @include "indexes"
 local id = ARGV[1]
 local key = task_key(id)
 local state = redis.call('HGET', key, 'state')

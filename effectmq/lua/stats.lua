@@ -1,5 +1,5 @@
 --[[ stats: counts per state, and the ids whose age is the oldest waiting age.
-KEYS: the queue keys of lib.lua.
+KEYS: the queue keys of keys.lua.
 Returns: {now, waiting, delayed, active, completed, failed, canceled, paused, max_active,
   heads...}
   paused: 0 | 1
@@ -8,6 +8,10 @@ Returns: {now, waiting, delayed, active, completed, failed, canceled, paused, ma
   waited longest. The caller reads their ready_at, or created_at when there is none (a
   script reads only declared hashes).
 ]]
+--- @include "keys"
+--- @include "time"
+--- @include "meta"
+--- @include "indexes"
 local STATS_BANDS = 16
 local now = now_ms()
 local out = {now, redis.call('ZCARD', K_WAITING), redis.call('ZCARD', K_DELAYED),

@@ -1,6 +1,6 @@
 --[[ workers: record this worker's load, and list the live workers of the queue (dropping
 the entries past their expiry; live_workers.lua only lists).
-KEYS: the queue keys of lib.lua.
+KEYS: the queue keys of keys.lua.
 ARGV[1] name         empty: only list (as versions before live_workers.lua did)
 ARGV[2] in_flight    -1: the worker is leaving
 ARGV[3] concurrency
@@ -9,6 +9,10 @@ Returns: {workers...}  the live workers. Entries past their expiry are removed (
   holds one entry per worker process, so a listing that leaves them loses nothing).
 workers...: 3 values each: name, in_flight, concurrency
 ]]
+--- @include "keys"
+--- @include "time"
+--- @include "writes"
+--- @include "workers"
 local now = now_ms()
 local entry = nil  -- this worker's new entry (nil: none)
 if ARGV[1] ~= '' then

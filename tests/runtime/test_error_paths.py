@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -75,14 +76,24 @@ async def test_history_written_as_text_keeps_twenty_entries_and_reads_old_record
     await _invariants(q, redis_url)
 
 
-async def test_a_user_without_channel_rights_loses_nothing_and_the_worker_polls(redis_url, redis_server):
+DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+
+
+def _documented_acl_users() -> list[list[str]]:
+    """The ACL SETUSER lines docs/protocol.md shows, as arguments."""
+    return [line.split()[1:] for line in DOC.read_text().splitlines() if line.startswith("ACL SETUSER ")]
+
+
+@pytest.mark.parametrize("acl", _documented_acl_users(), ids=lambda acl: acl[1])
+async def test_a_restricted_user_as_documented_loses_nothing_and_the_worker_never_stops(redis_url, redis_server, acl):
     """Defect 2: Redis 7 denies channels by default (acl-pubsub-default resetchannels). A
     user allowed the queue's keys only: complete of a task somebody waits on, offer and
-    maintain used to fail after their first write; the worker stopped."""
+    maintain used to fail after their first write; the worker stopped. With the
+    channels too, an idle worker starts a new task at once (a wake-up, not a poll)."""
     admin = redis_server.client()
-    admin.execute_command("ACL", "SETUSER", "keysonly", "reset", "on", ">pw", "~{emq:acl}:*", "resetchannels",
-                          "+@all", "-@dangerous", "+function")
-    url = f"redis://keysonly:pw@127.0.0.1:{redis_server.port}/0"
+    user = acl[1]
+    admin.execute_command("ACL", *acl)
+    url = f"redis://{user}:pw@127.0.0.1:{redis_server.port}/0"
     q = effectmq.TaskQueue("acl", url=url, lock_timeout=5)
     try:
         offered = await q.offer_many([("job", i, {"task_id": f"t{i}"}) for i in range(20)])
@@ -91,26 +102,36 @@ async def test_a_user_without_channel_rights_loses_nothing_and_the_worker_polls(
 
         await q.redis.zadd(q.keys.key("waiters"), {"t0": 2 ** 50})  # somebody waits on t0
         ran: list[int] = []
+        started: dict[int, float] = {}
 
         async def job(payload):
+            started[payload] = asyncio.get_running_loop().time()
             ran.append(payload)
 
-        worker = make_worker(q, {"job": job}, concurrency=4)
-        async with running(worker) as task:
+        async with running(make_worker(q, {"job": job}, concurrency=4)) as task:
             for _ in range(300):
                 if (await q.stats()).completed == 20:
                     break
                 assert not task.done(), task
                 await asyncio.sleep(0.05)
+            await asyncio.sleep(2.5)  # idle: its wake-up subscription, or its polling, settles
+            offered_at = asyncio.get_running_loop().time()
+            await q.offer("job", 100, task_id="late")
+            for _ in range(100):
+                if 100 in started:
+                    break
+                await asyncio.sleep(0.05)
             assert not task.done()
         stats = await q.stats()
-        assert (stats.completed, stats.waiting, stats.active) == (20, 0, 0), stats
-        assert sorted(ran) == list(range(20))
+        assert (stats.completed, stats.waiting, stats.active) == (21, 0, 0), stats
+        assert sorted(ran) == [*range(20), 100]
         await _invariants(q, redis_url)
         assert (await q.get("t0")).stalled_attempt_count == 0
+        if "&{emq:acl}:*" in acl:
+            assert started[100] - offered_at < 0.5, "with the channels, a wake-up starts the task"
     finally:
         await q.close()
-        admin.execute_command("ACL", "DELUSER", "keysonly")
+        admin.execute_command("ACL", "DELUSER", user)
 
 
 async def test_promote_batch_beyond_luas_unpack_limit_still_promotes(make_queue, redis_url):

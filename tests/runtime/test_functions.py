@@ -19,7 +19,7 @@ def test_the_library_registers_every_operation_and_resets_every_definition_per_c
     assert source.startswith(f"#!lua name={name}\n")
     registered = re.findall(r"function_name = '(\w+)', flags = \{([^}]*)\}", source)
     assert {fn for fn, _ in registered} == {scripts.function_name(op) for op in SCRIPTS}
-    # Only the scripts a full Redis must refuse lack allow-oom (lib.lua, FIRST_WRITE_FREES).
+    # Only the scripts a full Redis must refuse lack allow-oom (includes/writes.lua, FIRST_WRITE_FREES).
     refused = {fn for fn, flags in registered if "allow-oom" not in flags and "no-writes" not in flags}
     assert refused == {scripts.function_name(op) for op in ("offer", "progress")}
     # Those that write nothing say so, or a read-only replica refuses them (FCALL is a write).
@@ -33,7 +33,7 @@ def test_the_library_registers_every_operation_and_resets_every_definition_per_c
 
 
 def test_a_change_to_any_script_names_a_new_library(monkeypatch):
-    """A rolling upgrade that changes one operation's script (not lib.lua) must not call
+    """A rolling upgrade that changes one operation's script (not an include) must not call
     the library of the version before it, loaded under the same name: that runs old code."""
     before = scripts.library()
     read = scripts._lua_file

@@ -54,7 +54,7 @@ class Header:
 def parse_header(operation: str) -> Header:
     h = Header("", [], {}, [], False)
     for line in header_lines(operation):
-        if m := re.match(r"KEYS: the queue keys of lib\.lua(?:, then (.*?))?\.?$", line):
+        if m := re.match(r"KEYS: the queue keys of keys\.lua(?:, then (.*?))?\.?$", line):
             h.keys = m.group(1) or ""
         elif m := re.match(r"ARGV\[(\d+)\.\.\.\] (\w+\.\.\.): (\d+) values each: (.*)$", line):
             index, name, count, values = m.groups()
@@ -105,7 +105,7 @@ def layout(cls: type) -> tuple[list[str], dict[str, list[str]]]:
 
 
 def test_every_script_has_its_arguments_and_reply_classes():
-    files = {p.stem for p in LUA.glob("*.lua")} - {"lib"}
+    files = {p.stem for p in LUA.glob("*.lua")}
     assert files == set(SCRIPTS) == set(scripts.OPERATIONS)
     for operation, args in SCRIPTS.items():
         assert args.operation == operation
@@ -138,8 +138,8 @@ def test_header_keys_match_the_task_ids(operation):
     assert bool(touches_tasks) == uses_ids, operation
 
 
-def test_the_queue_keys_are_those_lib_lua_counts():
-    lib = read("lib")
+def test_the_queue_keys_are_those_keys_lua_counts():
+    lib = read("includes/keys")
     count = int(re.search(r"local QUEUE_KEYS = (\d+)", lib).group(1))
     keys = QueueKeys("emq", "q").script_keys
     assert len(keys) == count
@@ -221,7 +221,7 @@ def test_record_strides_in_the_scripts_are_the_record_sizes():
 
 
 def test_outcome_codes_and_acquire_statuses_are_named_alike():
-    lib = read("lib")
+    lib = read("includes/outcomes")
     lua_names, lua_codes = re.search(r"local (OUTCOME_\w+(?:, OUTCOME_\w+)*) = ([\d, ]+)\n", lib).groups()
     lua = dict(zip(names(lua_names), map(int, names(lua_codes))))
     assert lua == {f"OUTCOME_{o.name}": int(o) for o in Outcome if o is not Outcome.LOST}
@@ -235,7 +235,7 @@ def test_outcome_codes_and_acquire_statuses_are_named_alike():
 def test_no_numeric_default_is_written_in_lua():
     """A fallback is an ARGV value (the caller's) or DEFAULTS (protocol.SETTING_DEFAULTS)."""
     used = set()
-    for path in LUA.glob("*.lua"):
+    for path in [*LUA.glob("*.lua"), *LUA.glob("includes/*.lua")]:
         body = path.read_text()
         for field, fallback in re.findall(r"meta_num\('(\w+)', ([^)]*\)?)\)", body):
             if fallback.startswith("DEFAULTS."):
@@ -286,36 +286,63 @@ def _code_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip() and not line.startswith("--")]
 
 
-def test_lib_lua_splits_into_its_definitions_without_losing_a_line():
-    lib = read("lib")
+def test_the_includes_split_into_their_definitions_without_losing_a_line():
     definitions = scripts.lib_definitions()
-    assert _code_lines(lib[lib.index("]]") + 2:]) == [line for d in definitions for line in _code_lines(d.text)]
+    code = []
+    for name in scripts.includes():
+        text = (LUA / "includes" / f"{name}.lua").read_text()
+        code += _code_lines(text[text.index("]]") + 2:] if text.startswith("--[[") else text)
+    assert code == [line for d in definitions for line in _code_lines(d.text)]
     names = [name for d in definitions for name in d.names]
-    assert len(names) == len(set(names)), "a name of lib.lua is defined twice"
-    assert {"now_ms", "complete_each", "K_PEEKED", "resend_text"} <= set(names)
+    assert len(names) == len(set(names)), "a name is defined by two includes"
+    assert {"now_ms", "complete_each", "K_PEEKED", "call"} <= set(names)
 
 
-def test_a_lib_lua_that_breaks_the_split_rule_is_refused(monkeypatch):
+def test_an_include_that_breaks_the_split_rule_is_refused(monkeypatch):
     """A top-level statement other than a definition would be dropped or misplaced: refused."""
-    lib = read("lib") + "\nif DEFAULTS then local x = 1 end\n"
-    monkeypatch.setattr(scripts, "_lua_file", lambda name: lib)
+    read_file = scripts._lua_file
+
+    def broken(name: str) -> str:
+        return read_file(name) + ("\nif DEFAULTS then local x = 1 end\n" if name == "includes/time.lua" else "")
+    monkeypatch.setattr(scripts, "_lua_file", broken)
     with pytest.raises(ValueError, match="not a local definition: 'if DEFAULTS"):
         scripts.lib_definitions.__wrapped__()
 
 
+def test_includes_are_named_and_ordered_never_inferred():
+    """Each script and include names what it uses (`--- @include`); the order puts every
+    include after those it names, and a cycle is refused."""
+    order = scripts.includes()
+    for name in order:
+        for needed in re.findall(r'^--- @include "(\w+)"$', (LUA / "includes" / f"{name}.lua").read_text(), re.M):
+            assert order.index(needed) < order.index(name), (needed, name)
+    assert scripts.includes("offer")[:2] == ("call", "keys")
+
+
+def test_an_include_cycle_is_refused(monkeypatch):
+    read_file = scripts._lua_file
+
+    def cyclic(name: str) -> str:
+        return ('--- @include "writes"\n' if name == "includes/call.lua" else "") + read_file(name)
+    monkeypatch.setattr(scripts, "_lua_file", cyclic)
+    with pytest.raises(ValueError, match="a cycle"):
+        scripts.includes.__wrapped__("offer")
+
+
 @pytest.mark.parametrize("operation", sorted(SCRIPTS))
 def test_each_script_defines_every_lib_helper_it_names(operation):
-    """Read off the final source, independently of how prelude() chose: every name of
-    lib.lua that the script's text uses is defined in that text before the script's own code."""
+    """Read off the final source, independently of the includes it names: every helper
+    that the script's text uses is defined in that text before the script's own code."""
     source = scripts.source(operation)
     own = read(operation)
     assert source.endswith(own)
     head = source[:-len(own)]
     lib_names = {name for d in scripts.lib_definitions() for name in d.names}
-    used = set(re.findall(r"[A-Za-z_]\w*", source)) & lib_names
+    code = re.sub(r"--[^\n]*", "", source)  # names in comments are no use
+    used = set(re.findall(r"[A-Za-z_]\w*", code)) & lib_names
     defined = {name for name in lib_names
                if re.search(rf"^local (function {name}\b|[\w, ]*\b{name}\b)", head, re.M)}
-    assert used <= defined, f"{operation}.lua uses lib.lua's {sorted(used - defined)} undefined"
+    assert used <= defined, f"{operation}.lua uses {sorted(used - defined)}: name their includes"
 
 
 def test_a_script_carries_only_the_helpers_it_uses():

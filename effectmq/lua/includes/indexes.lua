@@ -1,0 +1,80 @@
+-- indexes.lua: the state indexes: waiting (priority, FIFO), delayed, and index writes gathered per call.
+--- @include "call"
+--- @include "keys"
+--- @include "writes"
+--- @include "time"
+
+local PRIORITY_SPAN = 1099511627776 -- 2^40 sequence numbers per priority band
+
+-- Put a task into the waiting index (its priority band, FIFO by seq).
+local function enqueue_waiting(id, key, now, prio)
+  if prio == nil then prio = tonumber(redis.call('HGET', key, 'priority') or '0') or 0 end
+  local score = (-prio) * PRIORITY_SPAN + take_seq(1)
+  write('ZADD', K_WAITING, int_text(score), id)
+  write('HSET', key, 'state', 'waiting', 'ready_at', int_text(now))
+  return score
+end
+
+local function enqueue_delayed(id, key, due)
+  write('ZADD', K_DELAYED, int_text(due), id)
+  write('HSET', key, 'state', 'delayed', 'ready_at', int_text(due))
+end
+local function zadd_later(index, score, member)
+  local list = call.adds[index]
+  if list == nil then
+    list = {}
+    call.adds[index] = list
+    call.add_order[#call.add_order + 1] = index
+  end
+  list[#list + 1] = score
+  list[#list + 1] = member
+end
+local function flush_adds()
+  for _, index in ipairs(call.add_order) do
+    local list = call.adds[index]
+    for i = 1, #list, 1000 do
+      write('ZADD', index, unpack(list, i, math.min(i + 999, #list)))
+    end
+  end
+  call.adds, call.add_order = {}, {}
+end
+
+-- ZREM many members (from the `from`th, default the first) without overflowing Lua's
+-- stack with unpack().
+local function zrem_all(index, members, from)
+  for i = from or 1, #members, 1000 do
+    write('ZREM', index, unpack(members, i, math.min(i + 999, #members)))
+  end
+end
+
+local function drop_from_indexes(id, state)
+  local index = ({waiting = K_WAITING, delayed = K_DELAYED, active = K_ACTIVE, completed = K_COMPLETED,
+    failed = K_FAILED, canceled = K_CANCELED})[state]
+  if index then write('ZREM', index, id) end
+end
+
+-- Move a declared delayed task into waiting if it is due; true when it was.
+local function promote_if_due(id, now)
+  local due = redis.call('ZSCORE', K_DELAYED, id)
+  if not due or tonumber(due) > now then return false end
+  write('ZREM', K_DELAYED, id)
+  call.promoted = call.promoted + 1
+  local key = task_key(id)
+  if redis.call('EXISTS', key) == 1 then
+    return enqueue_waiting(id, key, now)
+  end
+  return true
+end
+
+local function next_due()
+  local first = redis.call('ZRANGE', K_DELAYED, '0', '0', 'WITHSCORES')
+  if not first[2] then return -1 end
+  local at = tonumber(first[2])
+  if call.promoted == 0 or at > now_ms() then return at end
+  -- This call promoted some of the due ones (their removal is still queued): the next
+  -- due is now when others are due too, else the first one after now.
+  if redis.call('ZCOUNT', K_DELAYED, '-inf', now_text()) > call.promoted then return at end
+  first = redis.call('ZRANGE', K_DELAYED, '(' .. now_text(), '+inf', 'BYSCORE', 'LIMIT', '0', '1', 'WITHSCORES')
+  if first[2] then return tonumber(first[2]) end
+  return -1
+end
