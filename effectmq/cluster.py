@@ -15,8 +15,12 @@ URL form (the seed list of the Sentinel URL form, effectmq.sentinel)::
 Example: ``redis+cluster://:s3cret@10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000``.
 
 Every key of a queue shares one hash tag (``{emq:<queue>}``), so a queue lives in one
-slot; `effectmq.routing` sends its script calls to that slot's master and follows
-MOVED and ASK. Passwords are never shown: messages name the URL through `redact_url`.
+slot; `effectmq.routing` sends its script calls to that slot's master, follows MOVED and
+ASK and waits out a slot migration (TRYAGAIN). An ASK may name a node the client's slot
+map does not list (a master added for a resharding holds no slot until the first one
+moves to it): the client connects to the address it gives (`node_at`), for redis-py's
+own commands too. See docs/cluster.md. Passwords are never shown: messages name the URL
+through `redact_url`.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from .multihost import connection_option, has_scheme, split_hosts
 from .redaction import CLUSTER_SCHEMES
 
-__all__ = ["ClusterTarget", "cluster_client", "is_cluster_url", "parse_cluster_url"]
+__all__ = ["ClusterTarget", "cluster_client", "is_cluster_url", "node_at", "parse_cluster_url"]
 
 DEFAULT_PORT = 6379
 _OWN_OPTIONS = {"password", "username", "db"}
@@ -73,6 +77,39 @@ def parse_cluster_url(url: str) -> ClusterTarget:
     return ClusterTarget(tuple(seeds), tls=parts.scheme == "rediss+cluster", options=options, **found)
 
 
+def node_at(client: RedisCluster, host: str, port: int) -> ClusterNode:
+    """The client's node at host:port (an address a redirection gave, remapped already),
+    made a node of the client when its slot map does not list it, as redis-py does with
+    the node a MOVED names. It is closed with the client, or when a re-read of the slot
+    map finds it serving nothing."""
+    manager = client.nodes_manager
+    node = manager.get_node(host=host, port=port)
+    if node is None:
+        node = ClusterNode(host, int(port), "primary", **manager.connection_kwargs)
+        manager.set_nodes(manager.nodes_cache, {node.name: node})
+        node = manager.get_node(host=host, port=port) or node
+    return node
+
+
+class _ClusterClient(RedisCluster):
+    """A RedisCluster whose own commands follow an ASK to a node its slot map does not
+    list yet. redis-py looks the node an ASK names up by address (`get_node`) and fails
+    on None (AttributeError: a worker whose maintenance met it stopped); here the lookup
+    connects to it (`node_at`). Its other callers only ask about nodes they got from the
+    map (the default node, a sharded pubsub's)."""
+
+    def get_node(self, host: str | None = None, port: int | None = None,
+                 node_name: str | None = None) -> ClusterNode | None:
+        node = super().get_node(host, port, node_name)
+        if node is None:
+            if node_name and not (host and port):  # redis-py 5.x asks by name, host:port
+                host, _, port_text = node_name.rpartition(":")
+                port = int(port_text) if port_text.isdigit() else None
+            if host and port:
+                node = node_at(self, host, port)
+        return node
+
+
 def cluster_client(url: str, *, max_connections: int | None = None, **redis_options: Any) -> RedisCluster:
     """A client for the cluster that `url` seeds (it connects on first use).
 
@@ -95,5 +132,5 @@ def cluster_client(url: str, *, max_connections: int | None = None, **redis_opti
         options["max_connections"] = max_connections
     # Partial coverage is served: while a dead master's replica takes over, the queues
     # on the other masters keep working (the uncovered slots' calls are retryable).
-    return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in target.seeds],
-                        require_full_coverage=False, **options)
+    return _ClusterClient(startup_nodes=[ClusterNode(host, port) for host, port in target.seeds],
+                          require_full_coverage=False, **options)

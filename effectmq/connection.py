@@ -22,8 +22,11 @@ GIVEN_CLIENT = "the given client"  # how messages name a client passed in withou
 TRANSPORT_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError)
 # Error replies that mean "not now": the command did not run and the same call can be
 # sent again later. (A script's first write is refused before it changes anything.)
-# MOVED and ASK reach a caller only when a cluster client gave up following a slot
-# that kept moving, or from a plain client to a cluster node (the message says so).
+# On a cluster, the script runner (effectmq.routing) sends a call refused with TRYAGAIN
+# (its slot is migrating) again itself, and follows MOVED and ASK: they reach a caller
+# only when the call's patience ran out during a long migration, or from a plain client
+# to a cluster node (the message says so). A worker's loops back off from them, its
+# heartbeat tries again inside the lease's safety window, as from a lost connection.
 RETRYABLE_REPLIES = frozenset({
     "OOM", "BUSY", "READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "MISCONF", "NOREPLICAS",
     "MOVED", "ASK",

@@ -312,20 +312,22 @@ async def test_a_worker_started_while_its_master_is_down_waits_then_serves(redis
 async def test_a_slot_that_moves_is_followed_through_ask_and_moved(redis_cluster):
     """A resharding while a client holds the old slot map. While the slot migrates, the
     source answers ASK and the importing node, after ASKING, TRYAGAIN (a multi-key call
-    whose keys are not all there yet): retryable. Once it moved, the source answers
+    whose keys are not all there yet): sent again until the call's patience (here the
+    socket timeout, 1 s) runs out, then retryable. Once it moved, the source answers
     MOVED: the map is read again and the call runs on the new master."""
     name = QUEUES[0]
     slot = redis_cluster.slot_of(QueueKeys("emq", name).base)
     source = redis_cluster.master_of_slot(slot)
     target = next(node for node in redis_cluster.masters() if node.port != source.port)
     node_id = {node.port: node.client().execute_command("CLUSTER MYID") for node in (source, target)}
-    async with effectmq.TaskQueue(name, url=redis_cluster.url()) as q:
+    async with effectmq.TaskQueue(name, url=redis_cluster.url() + "?socket_timeout=1") as q:
         await q.ping()  # the slot map is read: the slot is the source's
         target.client().execute_command("CLUSTER SETSLOT", slot, "IMPORTING", node_id[source.port])
         source.client().execute_command("CLUSTER SETSLOT", slot, "MIGRATING", node_id[target.port])
         with pytest.raises(RedisUnavailable) as caught:
             await q.offer("work", {"n": 1})
         assert caught.value.code == "TRYAGAIN"  # from the target: without ASKING it would answer MOVED
+        assert q.engine.scripts.refusals.asked > 0 and q.engine.scripts.refusals.gave_up == 1
         for node in redis_cluster.masters():
             node.client().execute_command("CLUSTER SETSLOT", slot, "NODE", node_id[target.port])
         offered = await q.offer("work", {"n": 1})  # the source answers MOVED
