@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -64,7 +65,8 @@ class ReshardResult:
 
 
 async def measure(tasks: int, tool: str, pipeline: int, aof: bool, lock: float) -> ReshardResult:
-    cluster = start_redis_cluster(Path(tempfile.mkdtemp(prefix="effectmq-reshard-")), aof=aof)
+    workdir = Path(tempfile.mkdtemp(prefix="effectmq-reshard-"))
+    cluster = start_redis_cluster(workdir, aof=aof)
     try:
         slot = slot_of(cluster, NAME_IN_SLOT_0)
         source = cluster.master_of_slot(slot)
@@ -78,6 +80,7 @@ async def measure(tasks: int, tool: str, pipeline: int, aof: bool, lock: float) 
         outcome = await busy_queue_through_a_move(cluster, NAME_IN_SLOT_0, move, backlog=tasks, lock=lock)
     finally:
         cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)  # 100k tasks: the nodes' AOF files
     print(outcome.report(tasks), flush=True)
     worker, producer = outcome.refusals
     return ReshardResult(
