@@ -9,9 +9,11 @@ place where redis-py's errors become `RedisUnavailable` or `RedisRefused`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import json
+import logging
 import math
 import secrets
 import time
@@ -20,7 +22,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 from . import codec, models, protocol, retry as retry_policies
 from .aio import cancel_and_wait
 from .checks import check_number
-from .errors import DEFECT, AlreadySettled, CorruptValue, ErrorInfo, InvalidOption, InvalidPayload, LeaseLost, TaskError
+from .connection import RETRYABLE_REPLIES
+from .errors import (
+    DEFECT, AlreadySettled, CorruptValue, ErrorInfo, InvalidOption, InvalidPayload, LeaseLost, RedisRefused,
+    RedisUnavailable, TaskError,
+)
 from .protocol import ACQUIRE_PEEK, ACQUIRE_WINDOW, MAX_ACQUIRE, MAX_DELAY, AcquireStatus, Outcome, ms, retention_ms
 from .routing import subscriber
 from .scripts import ScriptRunner
@@ -28,9 +34,38 @@ from .scripts import ScriptRunner
 if TYPE_CHECKING:
     from .queue import TaskQueue
 
+log = logging.getLogger("effectmq")
+
 # Calls one acquire_many makes at most: a first one that only learns which ids are ready,
 # and more while other workers took the ids it declared.
 ACQUIRE_ROUNDS = 4
+# Acquire calls whose reply was lost, remembered until a reclaim gets through (the oldest
+# beyond this are forgotten: their leases stall, as they all did before reclaim).
+LOST_CALLS = 64
+RECLAIM_AT_ONCE = 1.0  # seconds: the reclaim right after a lost call waits no longer (else: the next call's)
+# A task is handed back without a stall this many times per process at most: a task whose
+# lease never reaches this process (a reply too large to arrive in time, a caller that
+# always gives up first) then stalls, and max_stalled_count ends it, as it did before.
+RECLAIMS_PER_TASK = 3
+RECLAIMS_REMEMBERED = 4096  # task ids counted for RECLAIMS_PER_TASK (the least recent forgotten)
+
+
+def may_have_run(exc: BaseException) -> bool:
+    """Whether an acquire call that raised `exc` may have leased tasks nobody got: after a
+    lost connection, a timeout or a cancellation the script may have run, and Redis keeps
+    what a script wrote before it failed (runtime rule 7 makes that nothing; reclaiming
+    after a script error costs one call on a path that is rare). Not after an error reply
+    that refuses a call before it runs (OOM, BUSY, TRYAGAIN, ...), nor after a reply that
+    came but could not be read: those leases stall and count, so a record that breaks the
+    reader is not handed back and leased again for ever."""
+    if isinstance(exc, RedisUnavailable):
+        return exc.code not in RETRYABLE_REPLIES
+    return isinstance(exc, (RedisRefused, TimeoutError, asyncio.CancelledError))
+
+
+def call_prefix(token: str) -> str:
+    """The token prefix of the acquire call that minted `token` (prefix:seq)."""
+    return token.rpartition(":")[0]
 
 
 def error_info(error: Any, declared: Sequence[type[BaseException]] = ()) -> tuple[ErrorInfo, bool]:
@@ -215,7 +250,12 @@ class LeaseEngine:
     def __init__(self, queue: "TaskQueue", scripts: ScriptRunner):
         self.queue = queue
         self.scripts = scripts
-        self.token_prefix = secrets.token_hex(6)  # tokens are prefix:seq, unique per process
+        self.token_prefix = secrets.token_hex(6)  # unique per process; each acquire call's tokens are prefix.n:seq
+        self._call_seq = itertools.count(1)
+        # (call prefix, declared ids) of acquire calls that may have leased tasks nobody
+        # got (their reply was lost): `reclaim_lost` hands those back.
+        self._lost: collections.deque[tuple[str, tuple[str | bytes, ...]]] = collections.deque(maxlen=LOST_CALLS)
+        self._reclaims: collections.OrderedDict[str | bytes, int] = collections.OrderedDict()  # per task id
         # What the last acquire reply named: the next call declares these as candidates.
         self._ready: list[bytes] = []
         self._due: list[bytes] = []
@@ -254,8 +294,8 @@ class LeaseEngine:
                                    lock_timeout: float | None = None) -> tuple[list[Outcome], list[Lease]]:
         """Complete finished attempts (as complete_many) and lease up to `count` more, in
         one call: a busy worker's steady state, one round trip and one script per batch.
-        A lost reply is as for both: the completions may be sent again, the leases are
-        lost (recovered as stalls when their lease runs out)."""
+        A lost reply is as for both: the completions may be sent again (their receipts
+        find how they settled), the leases are handed back (`reclaim_lost`)."""
         check_number("count", count, minimum=0, integer=True, allow_none=False)
         lt = self.queue.lock_timeout if lock_timeout is None else lock_timeout
         completions = [protocol.Completion(lease._wire_id, lease.token, result_json) for lease, result_json in settled]
@@ -268,27 +308,80 @@ class LeaseEngine:
     async def _acquire_once(self, want: int, lt: float,
                             completions: Sequence[protocol.Completion] = (),
                             receipt: tuple[str, str] = ("", "")) -> tuple[protocol.AcquireReply, list[Lease]]:
+        if self._lost:  # leases of a call whose reply was lost: back to the queue first
+            with contextlib.suppress(RedisUnavailable):  # kept for the next call; this one may still work
+                await self.reclaim_lost()
         peek = self._peek()
         # Some spare: the script leases the first still waiting, so ids another
         # process took meanwhile cost no call (a short reply splits a worker's slots
         # into waves that each cost a call). Twice as many cost more than they save.
         candidates = self._ready[:want + (want + 1) // 2] + self._due if want else []
+        prefix = f"{self.token_prefix}.{next(self._call_seq)}"  # this call's tokens: reclaim finds them by it
         sent = time.monotonic()
-        reply = await self.scripts.run(protocol.AcquireArgs(
-            want, ms(lt), self.token_prefix, self.queue.promote_batch, window=ACQUIRE_WINDOW * peek, peek=peek,
-            candidates=candidates, retention_ms=retention_ms(self.queue.retention_completed),
-            receipt=receipt[0], resent=receipt[1], completions=completions))
-        granted = reply.granted
-        leases = [Lease(self, fields, reply.deadline, sent + granted, granted, lt) for fields in reply.leases]
+        try:
+            reply = await self.scripts.run(protocol.AcquireArgs(
+                want, ms(lt), prefix, self.queue.promote_batch, window=ACQUIRE_WINDOW * peek, peek=peek,
+                candidates=candidates, retention_ms=retention_ms(self.queue.retention_completed),
+                receipt=receipt[0], resent=receipt[1], completions=completions))
+            granted = reply.granted
+            leases = [Lease(self, fields, reply.deadline, sent + granted, granted, lt) for fields in reply.leases]
+        except BaseException as exc:
+            if not (candidates and may_have_run(exc)):
+                raise
+            # Redis may have leased some of the candidates to this call, and nobody has
+            # them: hand them back now (a cancelled call cannot wait: the next call does).
+            self._lose(prefix, candidates)
+            if self._lost and not isinstance(exc, asyncio.CancelledError):
+                with contextlib.suppress(Exception):  # the call's own error is the one to raise
+                    async with asyncio.timeout(RECLAIM_AT_ONCE):
+                        await self.reclaim_lost()
+            raise
         if reply.status is AcquireStatus.OK:  # paused or limited: the ids known stay known
             self._ready, self._due = list(reply.ready), list(reply.due)
         return reply, leases
+
+    async def reclaim_lost(self) -> int:
+        """Hand back what acquire calls whose reply was lost leased: each task still active
+        under a token of such a call goes back to waiting, its attempt not counted and no
+        stall (lua/reclaim.lua). Best effort: a call that cannot be sent now is kept for the
+        next acquire; a refused one is given up (its leases stall, as all did before).
+        Returns how many tasks went back."""
+        reclaimed = 0
+        while self._lost:
+            prefix, ids = self._lost.popleft()
+            try:
+                reclaimed += (await self.scripts.run(protocol.ReclaimArgs(prefix, ids))).reclaimed
+            except (RedisUnavailable, TimeoutError, asyncio.CancelledError):
+                self._lost.appendleft((prefix, ids))  # not now: for the next call
+                raise
+            except Exception as exc:  # noqa: BLE001 - refused (or unreadable): sending it again will not help
+                log.warning("queue %r: the leases of an acquire call whose reply was lost were not handed back "
+                            "(they run out and count a stall): %s", self.queue.name, exc)
+        if reclaimed:
+            log.info("queue %r: %d leases of acquire calls whose reply was lost handed back", self.queue.name,
+                     reclaimed)
+        return reclaimed
+
+    def lost_calls(self) -> int:
+        """Acquire calls whose leases may still wait for `reclaim_lost`."""
+        return len(self._lost)
 
     async def _acquire_rounds(self, count: int, lt: float) -> tuple[list[Lease], float | None]:
         self._largest = max(self._largest, count)
         leases: list[Lease] = []
         for _ in range(ACQUIRE_ROUNDS):
-            reply, got = await self._acquire_once(count - len(leases), lt)
+            try:
+                reply, got = await self._acquire_once(count - len(leases), lt)
+            except asyncio.CancelledError:
+                # The caller will never see the leases of the earlier rounds: hand them back.
+                self._forget_leases(leases)
+                raise
+            except Exception:
+                if not leases:
+                    raise
+                # The earlier rounds' leases are the caller's to run; the failed round was
+                # handed back (or is, by the next call), and the next call sees the error again.
+                return leases, 0.0
             leases += got
             if reply.status is not AcquireStatus.OK:
                 break
@@ -297,6 +390,29 @@ class LeaseEngine:
         if len(leases) < count and reply.status is AcquireStatus.OK and (self._ready or self._due):
             return leases, 0.0
         return leases, reply.next_due_in
+
+    def _forget_leases(self, leases: Sequence[Lease]) -> None:
+        """Leases no caller will get: reclaimed as those of a lost call (by the next call)."""
+        calls: dict[str, list[str | bytes]] = {}
+        for lease in leases:
+            calls.setdefault(call_prefix(lease.token), []).append(lease._wire_id)
+        for prefix, ids in calls.items():
+            self._lose(prefix, ids)
+
+    def _lose(self, prefix: str, ids: Sequence[str | bytes]) -> None:
+        """Remember an acquire call whose leases of `ids` nobody got, for `reclaim_lost`;
+        each id at most RECLAIMS_PER_TASK times."""
+        kept = []
+        for task_id in ids:
+            times = self._reclaims.pop(task_id, 0)
+            if times < RECLAIMS_PER_TASK:
+                kept.append(task_id)
+                times += 1
+            self._reclaims[task_id] = times  # the most recent last
+        while len(self._reclaims) > RECLAIMS_REMEMBERED:
+            self._reclaims.popitem(last=False)
+        if kept:
+            self._lost.append((prefix, tuple(kept)))
 
     def learn_ready(self, task_ids: Sequence[str | bytes]) -> None:
         """Ids said to be waiting (this process's own offers, a wake message), in the

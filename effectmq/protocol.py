@@ -313,6 +313,15 @@ class OutcomeReply:
 
 
 @dataclass(frozen=True)
+class ReclaimReply:
+    reclaimed: int  # tasks handed back to waiting
+
+    @classmethod
+    def from_reply(cls, reply: int) -> "ReclaimReply":
+        return cls(int(reply))
+
+
+@dataclass(frozen=True)
 class StoredReply:
     stored: bool  # False: lease lost
 
@@ -508,6 +517,23 @@ class ReleaseArgs(ScriptArgs[OutcomeReply]):
 
 
 @dataclass(frozen=True)
+class ReclaimArgs(ScriptArgs[ReclaimReply]):
+    """Hand back what an acquire call whose reply was lost leased: the tasks among `ids`
+    still active under a token of `token_prefix` (that call's own) go back to waiting."""
+
+    operation = "reclaim"
+    Reply = ReclaimReply
+    token_prefix: str  # the lost call's (AcquireArgs.token_prefix)
+    ids: Sequence[str | bytes] = declared_keys()  # the candidates the lost call declared
+
+    def argv(self) -> list:
+        return [self.token_prefix]
+
+    def task_ids(self) -> Sequence[str | bytes]:
+        return self.ids
+
+
+@dataclass(frozen=True)
 class ProgressArgs(ScriptArgs[StoredReply]):
     operation = "progress"
     Reply = StoredReply
@@ -611,6 +637,6 @@ class LiveWorkersArgs(ScriptArgs[WorkersReply]):
 
 # Every script, by operation (its file is lua/<operation>.lua).
 SCRIPTS: dict[str, type[ScriptArgs]] = {cls.operation: cls for cls in (
-    OfferArgs, AcquireArgs, RenewArgs, CompleteArgs, FailArgs, ReleaseArgs, ProgressArgs,
+    OfferArgs, AcquireArgs, RenewArgs, CompleteArgs, FailArgs, ReleaseArgs, ReclaimArgs, ProgressArgs,
     CancelArgs, RetryArgs, MaintainArgs, StatsArgs, ConfigureArgs, WorkersArgs, LiveWorkersArgs,
 )}

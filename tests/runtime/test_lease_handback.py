@@ -1,0 +1,220 @@
+"""Leases nobody will run go back to the queue at once, without a stall (issue 34: 4, 5, 6).
+
+A lease an acquire call took is someone's to run, or is handed back: the leases of the
+earlier rounds of `acquire_many` when a later round fails, those of a call whose reply
+was lost (each call has its own token prefix, and the `reclaim` script hands back what
+is still active under it), a held lease the heartbeat drops, and the leases of a
+combined call still out when the drain ends. None of these may count a stall: the
+handler never ran. And callers of one process that acquire at once share a call (one
+cancelled meanwhile loses no lease).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+from prometheus_client import REGISTRY
+
+import effectmq
+from effectmq import engine, errors, protocol
+from tests.support.inprocess import make_worker, running, settled
+
+
+def on_acquire(queue, before):
+    """Run `before(args, n)` ahead of the n-th acquire call (n from 1) the engine sends."""
+    real = queue.engine.scripts.run
+    count = 0
+
+    async def run(args):
+        nonlocal count
+        if isinstance(args, protocol.AcquireArgs):
+            count += 1
+            await before(args, count)
+        return await real(args)
+
+    queue.engine.scripts.run = run
+
+
+async def states(queue, ids):
+    """(state, attempt, stalled_attempt_count) of each task."""
+    return [(i.state, i.attempt, i.stalled_attempt_count) for i in [await queue.get(t) for t in ids]]
+
+
+# -- Defect 4: the rounds of acquire_many ------------------------------------------
+
+
+async def test_acquire_many_returns_the_leases_of_earlier_rounds_when_a_later_round_fails(tcp_proxy, make_queue):
+    # Round one leases the two ids this process offered, round two the ids its reply named;
+    # the reply of round two is lost. Round one's leases were dropped (each stalled a whole
+    # lease later); round two's were minted for nobody.
+    q = make_queue("rounds-lost", url=tcp_proxy.url, lock_timeout=30)
+    await q.offer_many([("x", i, {"task_id": f"a{i}"}) for i in range(2)])  # learnt by q's engine
+    await make_queue("rounds-lost").offer_many([("x", i, {"task_id": f"b{i}"}) for i in range(3)])
+
+    async def lose_round_two(args, n):
+        if n == 2:
+            tcp_proxy.drop_next_reply()
+
+    on_acquire(q, lose_round_two)
+    leases, next_due = await q.acquire_many(5)
+    assert tcp_proxy.replies_dropped == 1
+    assert sorted(lease.task_id for lease in leases) == ["a0", "a1"]
+    assert next_due == 0.0, "tasks are known ready: look again now"
+    # Round two's leases: nobody holds them, so they are waiting again, not counted.
+    assert await states(q, ["b0", "b1", "b2"]) == [("waiting", 0, 0)] * 3
+    more, _ = await q.acquire_many(3)
+    assert sorted(lease.task_id for lease in more) == ["b0", "b1", "b2"]
+    await q.complete_many([(lease, "null") for lease in leases + more])
+    assert await states(q, ["a0", "a1", "b0", "b1", "b2"]) == [("completed", 1, 0)] * 5
+
+
+async def test_acquire_many_cancelled_in_a_later_round_hands_back_the_earlier_rounds(make_queue):
+    q = make_queue("rounds-cancelled", lock_timeout=30)
+    await q.offer_many([("x", i, {"task_id": f"a{i}"}) for i in range(2)])
+    await make_queue("rounds-cancelled").offer_many([("x", i, {"task_id": f"b{i}"}) for i in range(3)])
+    hang = asyncio.Event()
+
+    async def hang_round_two(args, n):
+        if n == 2:
+            hang.set()
+            await asyncio.sleep(60)
+
+    on_acquire(q, hang_round_two)
+    call = asyncio.create_task(q.acquire_many(5))
+    await asyncio.wait_for(hang.wait(), 5)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    # The next call hands round one's leases back first (nobody got them), then leases all.
+    leases, _ = await q.acquire_many(5)
+    assert sorted(lease.task_id for lease in leases) == ["a0", "a1", "b0", "b1", "b2"]
+    assert [lease.attempt for lease in leases] == [1] * 5
+    await q.complete_many([(lease, "null") for lease in leases])
+    assert await states(q, ["a0", "a1", "b0", "b1", "b2"]) == [("completed", 1, 0)] * 5
+
+
+# -- Defect 5: lost replies ----------------------------------------------------------
+
+
+async def test_each_acquire_call_mints_tokens_of_its_own_prefix(make_queue):
+    q = make_queue("call-prefix")
+    await q.offer_many([("x", i) for i in range(3)])
+    first, _ = await q.acquire_many(2)
+    second, _ = await q.acquire_many(1)
+    prefix_of = {lease.token.rsplit(":", 1)[0] for lease in first}
+    assert len(prefix_of) == 1
+    (call_prefix,) = prefix_of
+    assert call_prefix.startswith(q.engine.token_prefix + ".")
+    assert second[0].token.rsplit(":", 1)[0] not in (call_prefix, q.engine.token_prefix)
+
+
+async def test_two_lost_acquire_replies_neither_stall_nor_fail_a_task_that_never_ran(tcp_proxy, make_queue):
+    # Each lost reply minted a lease nobody got: a stall each, and the second failed the
+    # task ~effectmq/Error/Stalled although no handler ever saw it.
+    q = make_queue("acquire-lost", url=tcp_proxy.url, lock_timeout=0.3)
+    direct = make_queue("acquire-lost", lock_timeout=0.3)
+    await q.offer("x", "payload", task_id="t")
+    lose = True
+
+    async def lose_the_reply(args, n):
+        if lose:
+            tcp_proxy.drop_next_reply()
+
+    on_acquire(q, lose_the_reply)
+    for n in range(2):
+        with pytest.raises(effectmq.RedisUnavailable):
+            await q.acquire_many(1)
+        assert tcp_proxy.replies_dropped == n + 1
+        await asyncio.sleep(0.4)  # a lease minted then has run out by now
+        await direct.maintain()
+        info = await direct.get("t")
+        assert (info.state, info.attempt, info.stalled_attempt_count) == ("waiting", 0, 0), info.error
+    lose = False
+    (lease,), _ = await q.acquire_many(1)
+    assert lease.attempt == 1
+    await lease.complete("done")
+    assert await states(direct, ["t"]) == [("completed", 1, 0)]
+
+
+async def test_a_task_whose_lease_never_arrives_is_handed_back_a_bounded_number_of_times(tcp_proxy, make_queue):
+    # A reply that never makes it (too large to arrive in time, say) must not hand the same
+    # task back and lease it again for ever: after RECLAIMS_PER_TASK it stalls, and
+    # max_stalled_count ends it, as before.
+    q = make_queue("acquire-lost-often", url=tcp_proxy.url, lock_timeout=0.3)
+    direct = make_queue("acquire-lost-often", lock_timeout=0.3)
+    await q.offer("x", "payload", task_id="t")
+
+    async def lose_the_reply(args, n):
+        tcp_proxy.drop_next_reply()
+
+    on_acquire(q, lose_the_reply)
+    seen = []
+    for _ in range(engine.RECLAIMS_PER_TASK + 1):
+        with pytest.raises(effectmq.RedisUnavailable):
+            await q.acquire_many(1)
+        await asyncio.sleep(0.4)
+        await direct.maintain()
+        seen += await states(direct, ["t"])
+    assert seen == [("waiting", 0, 0)] * engine.RECLAIMS_PER_TASK + [("waiting", 1, 1)]
+
+
+async def test_a_lost_complete_and_acquire_reply_settles_by_receipt_and_hands_its_leases_back(tcp_proxy, make_queue):
+    q = make_queue("combined-lost", url=tcp_proxy.url, lock_timeout=30, retention_completed=60)
+    await q.offer_many([("x", i, {"task_id": f"t{i}"}) for i in range(3)])
+    (done,), _ = await q.acquire_many(1)
+    tcp_proxy.drop_next_reply()
+    with pytest.raises(effectmq.RedisUnavailable):
+        await q.engine.complete_and_acquire([(done, "null")], 2)
+    assert tcp_proxy.replies_dropped == 1
+    # The completion landed (a resend finds it in the call's receipt) ...
+    assert await q.complete_many([(done, "null")]) == [protocol.Outcome.COMPLETED]
+    # ... and the two leases the call took are waiting again, as if never taken.
+    assert await states(q, ["t1", "t2"]) == [("waiting", 0, 0)] * 2
+    leases, _ = await q.acquire_many(2)
+    assert sorted((lease.task_id, lease.attempt) for lease in leases) == [("t1", 1), ("t2", 1)]
+
+
+async def test_a_reclaim_that_fails_too_is_sent_before_the_next_acquire(tcp_proxy, make_queue):
+    q = make_queue("reclaim-later", url=tcp_proxy.url, lock_timeout=30)
+    await q.offer_many([("x", i, {"task_id": f"t{i}"}) for i in range(2)])
+    real = q.engine.scripts.run
+    sent: list[str] = []
+
+    async def run(args):
+        sent.append(args.operation)
+        if args.operation == "acquire" and sent.count("acquire") == 1:
+            tcp_proxy.drop_next_reply()
+        if args.operation == "reclaim" and sent.count("reclaim") == 1:
+            raise errors.RedisUnavailable("Redis unavailable: no route", "CONNECTION")
+        return await real(args)
+
+    q.engine.scripts.run = run
+    with pytest.raises(effectmq.RedisUnavailable):
+        await q.acquire_many(2)
+    assert await states(q, ["t0", "t1"]) == [("active", 1, 0)] * 2  # its reclaim failed too
+    leases, _ = await q.acquire_many(2)
+    assert sent == ["acquire", "reclaim", "reclaim", "acquire"]
+    assert sorted((lease.task_id, lease.attempt) for lease in leases) == [("t0", 1), ("t1", 1)]
+
+
+async def test_a_refused_acquire_hands_back_nothing(make_queue):
+    # An error reply: the script wrote nothing (runtime rule 7), so no reclaim is sent.
+    q = make_queue("acquire-refused")
+    await q.offer_many([("x", i) for i in range(2)])
+    real = q.engine.scripts.run
+    sent: list[str] = []
+
+    async def run(args):
+        sent.append(args.operation)
+        if args.operation == "acquire" and sent.count("acquire") == 1:
+            raise errors.RedisUnavailable("Redis refused for now: OOM command not allowed", "OOM")
+        return await real(args)
+
+    q.engine.scripts.run = run
+    with pytest.raises(effectmq.RedisUnavailable):
+        await q.acquire_many(2)
+    leases, _ = await q.acquire_many(2)
+    assert len(leases) == 2 and sent == ["acquire", "acquire"]
