@@ -87,6 +87,7 @@ class CompletionBatcher:
         self.call_time = 0.0  # a moving average of a batch's round trip
         self._expiry: asyncio.TimerHandle | None = None  # for the earliest lease among those pending
         self._expiry_at = 0.0  # that lease's confirmed_until
+        self._late: set[asyncio.Future] = set()  # calls whose batch stopped waiting, still out
 
     async def complete(self, lease: "Lease", result_json: str) -> int:
         """The Outcome the script gave this lease; raises RedisUnavailable or TimeoutError
@@ -204,6 +205,7 @@ class CompletionBatcher:
             raise
         if not done:
             along.reserve(len(settled))
+            self._late.add(call)
             call.add_done_callback(lambda _: self._late_reply(call, along, want))
             raise TimeoutError(f"no reply within the batch's earliest lease ({left:.2f}s)")
         along.returned(want - len(settled))
@@ -212,11 +214,25 @@ class CompletionBatcher:
         return codes, leases
 
     def _late_reply(self, call: asyncio.Future, along: LeasesAlong, reserved: int) -> None:
+        self._late.discard(call)
         along.returned(reserved)
         if call.cancelled() or call.exception() is not None:
-            return  # no reply, so no lease known; one the call may have taken will stall
+            return  # no reply, so no lease known: the engine hands back what the call took (reclaim)
         _codes, leases = call.result()
         along.start_late(leases)
+
+    async def wait_late(self, timeout: float) -> None:
+        """Wait (a drain) for the calls whose batch stopped waiting: the leases their replies
+        bring are handed back by `start_late`. Those still out after `timeout` are given up
+        (cancelled: the engine counts them lost, and reclaims what they leased)."""
+        late = list(self._late)
+        if not late:
+            return
+        _done, pending = await asyncio.wait(late, timeout=timeout)
+        for call in pending:
+            call.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=1.0)
 
     async def _wait_for_wave(self) -> None:
         """Let the attempts expected to finish soon join the batch about to go (module docstring)."""

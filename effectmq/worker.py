@@ -48,6 +48,7 @@ BACKOFF_FIRST, BACKOFF_LIMIT = 0.1, 5.0  # seconds: a failing loop's first and l
 STARTUP_PING_TIMEOUT = 5.0  # seconds: a connection that accepts but never answers is retried
 HELPER_STOP_TIMEOUT = 2.0  # seconds the helper loops get to end once the drain is over
 TIMER_SLACK = 0.005  # seconds: a timeout set for a window's close may fire a hair before it
+RELEASE_AT_LEAST = 0.5  # seconds a hand-back may take past its lease's confirmed end (the server's is later)
 # What a blocked loop costs a worker, and the usual cause: its async handlers
 LOOP_BLOCK_CONSEQUENCE = ("no heartbeat can run until it returns, so the leases of this process may run out and "
                           "their tasks run again elsewhere")
@@ -392,17 +393,29 @@ class Worker:
         return self.concurrency + self._prefetch.ahead() - len(self._attempts) - self._asking
 
     async def _drain(self) -> None:
+        deadline = time.monotonic() + self.drain_timeout
         while self._held:
-            self._hand_back(self._held.popleft(), "the worker is stopping", logging.INFO)  # routine: a drain
+            self._hand_back(self._held[0], "the worker is stopping", logging.INFO)  # routine: a drain
         if self._attempts:
             pending = [a.task for a in self._attempts.values() if a.task]
-            _done, still = await asyncio.wait(pending, timeout=self.drain_timeout)
+            _done, still = await asyncio.wait(pending, timeout=self.drain_timeout) if pending else ((), set())
             for attempt in list(self._attempts.values()):
                 if attempt.task in still:
                     attempt.releasing = True
                     attempt.task.cancel()
             if still:
                 await asyncio.wait(still, timeout=max(5.0, self.lock_timeout))
+        # A completion call whose batch stopped waiting may still bring leases: they are
+        # handed back when it comes back; one that does not come back in time is given up
+        # and what it leased is reclaimed (the engine's lost calls).
+        await self._completions.wait_late(max(HELPER_STOP_TIMEOUT, deadline - time.monotonic()))
+        if self.queue.engine.lost_calls():
+            try:
+                async with asyncio.timeout(HELPER_STOP_TIMEOUT):
+                    await self.queue.engine.reclaim_lost()
+            except Exception as exc:  # noqa: BLE001 - best effort: those leases run out instead
+                log.warning("worker %s: leases of calls whose reply was lost not handed back: %s", self.name,
+                            str(exc) or type(exc).__name__)
         if self._background:  # hand-backs under way finish before the connections close
             await asyncio.wait(list(self._background), timeout=HELPER_STOP_TIMEOUT)
 
@@ -444,7 +457,7 @@ class Worker:
                 log.warning("task %s: attempt %d delivered after attempt %d; not started",
                             lease.task_id, lease.attempt, other.lease.attempt)
                 return
-            self._interrupt(other, f"attempt {lease.attempt} of this task now owns it")
+            self._interrupt(other, f"attempt {lease.attempt} of this task now owns it", owned_elsewhere=True)
         definition = self.handlers.get(lease.name)
         refresh = heartbeat.refresh_interval(lease.lock_timeout, self.lock_refresh)
         attempt = _Attempt(lease, definition, time.monotonic() + refresh)
@@ -493,16 +506,26 @@ class Worker:
         self._slot_free.set()
 
     def _hand_back(self, attempt: _Attempt, why: str, level: int = logging.WARNING) -> None:
-        """A held attempt that will not start here goes back to the queue (no stall)."""
-        self._forget(attempt)
+        """A held attempt that will not start here goes back to the queue (no stall). It is
+        done with here: a renewal still out for it is not taken for a lost lease."""
+        attempt.lost = True
+        self._drop_held(attempt)
         self._release_in_background(attempt.lease, why, level)
+
+    def _drop_held(self, attempt: _Attempt) -> None:
+        if attempt in self._held:
+            self._held.remove(attempt)
+        self._forget(attempt)
 
     def _release_in_background(self, lease: Lease, why: str, level: int = logging.WARNING) -> None:
         log.log(level, "task %s (attempt %d) not started: %s; releasing it", lease.task_id, lease.attempt, why)
 
         async def release() -> None:
-            with contextlib.suppress(LeaseLost, RedisUnavailable, RedisRefused):
-                await lease.release()
+            # No longer than the lease may last: after that the release cannot land (the
+            # task stalled, or another attempt owns it), and a hung connection must not hold it.
+            with contextlib.suppress(LeaseLost, RedisUnavailable, RedisRefused, TimeoutError):
+                async with asyncio.timeout(max(RELEASE_AT_LEAST, lease.confirmed_until - time.monotonic())):
+                    await lease.release()
 
         task = asyncio.create_task(release(), name=f"effectmq-release-{lease.task_id}")
         self._background.add(task)
@@ -677,7 +700,6 @@ class Worker:
     async def _heartbeat_once(self) -> None:
         now = time.monotonic()
         for attempt in [a for a in self._held if self._prefetch.hand_back(now - a.started)]:
-            self._held.remove(attempt)
             # routine for auto prefetch behind slow handlers: it adapts, nothing is wrong
             self._hand_back(attempt, f"held {now - attempt.started:.1f} s without a free slot", logging.INFO)
         due: list[_Attempt] = []
@@ -713,7 +735,7 @@ class Worker:
                 attempt.next_renew = time.monotonic() + heartbeat.refresh_interval(
                     attempt.lease.lock_timeout, self.lock_refresh)
             else:
-                self._interrupt(attempt, "lease lost")
+                self._interrupt(attempt, "lease lost", owned_elsewhere=True)
 
     @staticmethod
     def _renewable(attempt: _Attempt) -> bool:
@@ -730,16 +752,28 @@ class Worker:
         return (f"; {len(attempts)} attempts in flight ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''}),"
                 f" the nearest lease confirmed for {max(0.0, nearest):.1f} s more")
 
-    def _interrupt(self, attempt: _Attempt, why: str) -> None:
+    def _interrupt(self, attempt: _Attempt, why: str, *, owned_elsewhere: bool = False) -> None:
+        """Ownership can no longer be confirmed (or is gone: `owned_elsewhere`): stop the
+        attempt. A held one never started: it is released (no stall) unless another owns it.
+        One whose handler returned is left to its acknowledgement, which tells how it
+        settled (a renewal that raced its completion answers "not owned" for a task that
+        completed) and gives up at its lease's end by itself."""
         if attempt.lost:
             return
-        attempt.lost = True
+        attempt.lost = True  # no more renewals
+        lease = attempt.lease
         if attempt.task is None:  # held, never started: nothing runs, the lease is let go
-            log.warning("dropping held task %s (%s): %s", attempt.lease.task_id, attempt.lease.name, why)
-            self._held.remove(attempt)
-            self._forget(attempt)
+            self._drop_held(attempt)
+            if owned_elsewhere:
+                log.warning("dropping held task %s (%s): %s", lease.task_id, lease.name, why)
+            else:
+                self._release_in_background(lease, f"held, {why}")
             return
-        log.warning("interrupting task %s (%s): %s", attempt.lease.task_id, attempt.lease.name, why)
+        if not attempt.running:
+            log.debug("task %s (%s): %s while its outcome is being sent; its acknowledgement tells how it settled",
+                      lease.task_id, lease.name, why)
+            return
+        log.warning("interrupting task %s (%s): %s", lease.task_id, lease.name, why)
         attempt.task.cancel()
 
     async def _maintenance_loop(self) -> None:

@@ -218,3 +218,177 @@ async def test_a_refused_acquire_hands_back_nothing(make_queue):
         await q.acquire_many(2)
     leases, _ = await q.acquire_many(2)
     assert len(leases) == 2 and sent == ["acquire", "acquire"]
+
+
+# -- the worker: held leases, renewals, the drain --------------------------------------
+
+
+async def test_a_held_lease_the_heartbeat_drops_is_released_not_stalled(make_queue):
+    # Renewals fail until the safety window closes: the running attempt is interrupted (its
+    # handler ran: the stall is its own), the held one is dropped. Nothing ever ran the held
+    # one, so it goes back released, not left to stall a whole lease later.
+    q = make_queue("held-dropped", lock_timeout=1.0)
+    blocked, interrupted = asyncio.Event(), asyncio.Event()
+    ran = []
+
+    async def job(payload):
+        ran.append(payload)
+        if payload == "first" and not blocked.is_set():  # its first attempt only
+            blocked.set()
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                interrupted.set()
+                raise
+
+    await q.offer_many([("job", t, {"task_id": t}) for t in ("first", "second")])
+    worker = make_worker(q, {"job": job}, concurrency=1, prefetch=1, maintenance_interval=0.1)
+    real_renew = q.engine.renew
+
+    async def failing_renew(leases):
+        if not interrupted.is_set():
+            raise effectmq.RedisUnavailable("Redis unavailable: no route", "CONNECTION")
+        return await real_renew(leases)
+
+    q.engine.renew = failing_renew
+    async with running(worker):
+        await asyncio.wait_for(blocked.wait(), 5)
+        async with asyncio.timeout(5):
+            while worker.in_flight < 2:
+                await asyncio.sleep(0.01)
+        await asyncio.wait_for(interrupted.wait(), 5)
+        second = await settled(q, "second")
+    assert (second.state, second.stalled_attempt_count, second.handler_failure_count) == ("completed", 0, 0)
+    assert ran.count("second") == 1
+
+
+async def test_a_renewal_out_while_the_drain_hands_back_a_held_lease_does_not_stop_the_worker(make_queue):
+    # Defect 6: the drain handed the held lease back without marking it; the renewal that was
+    # out meanwhile answered "not owned", the heartbeat took that for a lost lease and
+    # `self._held.remove` raised ValueError: the worker stopped with it (run() raised).
+    q = make_queue("drain-renewal", lock_timeout=3)
+    entered, finish = asyncio.Event(), asyncio.Event()
+    renewing, proceed = asyncio.Event(), asyncio.Event()
+
+    async def job(payload):
+        if payload == "run":
+            entered.set()
+            await finish.wait()
+
+    await q.offer_many([("job", t, {"task_id": t}) for t in ("run", "held")])
+    worker = make_worker(q, {"job": job}, concurrency=1, prefetch=1, lock_refresh=0.2)
+    real_renew = q.engine.renew
+
+    async def slow_renew(leases):
+        if any(lease.task_id == "held" for lease in leases) and not proceed.is_set():
+            renewing.set()
+            await proceed.wait()
+        return await real_renew(leases)
+
+    q.engine.renew = slow_renew
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(entered.wait(), 5)
+        await asyncio.wait_for(renewing.wait(), 5)  # a renewal of both is out
+        worker.stop()  # the drain hands the held lease back
+        async with asyncio.timeout(5):
+            while (await q.get("held")).state != "waiting":
+                await asyncio.sleep(0.01)
+        proceed.set()  # the renewal answers: the held lease is no longer owned
+        await asyncio.sleep(0.3)
+        finish.set()
+        await asyncio.wait_for(task, 10)  # raised ValueError
+    finally:
+        finish.set()
+        proceed.set()
+        if not task.done():
+            worker.stop()
+            await asyncio.wait_for(task, 10)
+    assert await states(q, ["run", "held"]) == [("completed", 1, 0), ("waiting", 1, 0)]
+
+
+async def test_the_drain_waits_for_a_combined_call_still_out_and_hands_its_leases_back(make_queue):
+    # Confirmed: the drain ended while a completion call that took a lease along was still
+    # out (its waiters had given up at their own lease's end); the late reply came to a
+    # stopped worker (or to no process at all), and the lease it brought was left to stall.
+    q = make_queue("drain-late", lock_timeout=3)
+    await q.offer_many([("job", t, {"task_id": t}) for t in ("a", "b")])
+    replied = asyncio.Event()
+
+    async def job(payload, ctx):
+        ctx.lease.confirmed_until = time.monotonic() + 0.3  # as if its last renewal was long ago
+        asyncio.get_running_loop().call_later(0.05, worker.stop)  # while its completion is out
+
+    real = q.engine.scripts.run
+
+    async def slow_reply(args):
+        reply = await real(args)
+        if isinstance(args, protocol.AcquireArgs) and args.completions:
+            await asyncio.sleep(1.0)  # the reply comes after the lease of "a", within that of "b"
+            replied.set()
+        return reply
+
+    q.engine.scripts.run = slow_reply
+    worker = make_worker(q, {"job": job}, concurrency=1, prefetch=0, drain_timeout=10)
+    await asyncio.wait_for(worker.run(), 15)
+    # As the process would exit now: nothing of this worker's is left active.
+    assert replied.is_set(), "the drain ended before the call it started came back"
+    a, b = await q.get("a"), await q.get("b")
+    assert a.state == "completed"
+    assert (b.state, b.attempt, b.stalled_attempt_count) == ("waiting", 1, 0)
+
+
+async def test_a_renewal_racing_a_batched_completion_is_not_a_lease_loss(make_queue, caplog):
+    # Confirmed: a renewal sent while the completion was on its way answered "not owned"
+    # (the completion landed first); the heartbeat interrupted the attempt, which was only
+    # waiting for its completion's reply: logged "lease lost", counted a lease loss, for a
+    # task that completed.
+    caplog.set_level(logging.INFO, logger="effectmq")
+    q = make_queue("renew-race", lock_timeout=3)
+    go, renewing, landed, proceed, reply = (asyncio.Event() for _ in range(5))
+
+    async def job(payload):
+        await go.wait()
+
+    real_renew = q.engine.renew
+
+    async def racing_renew(leases):
+        if go.is_set() and not proceed.is_set():
+            renewing.set()
+            await proceed.wait()  # sent after the completion landed
+        return await real_renew(leases)
+
+    real_combined = q.engine.complete_and_acquire
+
+    async def slow_completion(settled_, count, **kw):
+        result = await real_combined(settled_, count, **kw)
+        landed.set()
+        await reply.wait()  # its reply comes after the renewal's
+        return result
+
+    q.engine.renew = racing_renew
+    q.engine.complete_and_acquire = slow_completion
+    await q.offer("job", None, task_id="r")
+    worker = make_worker(q, {"job": job}, concurrency=1, prefetch=0, lock_refresh=0.1)
+    losses = REGISTRY.get_sample_value("effectmq_lease_losses_total", {"queue": "renew-race", "task": "job"}) or 0
+    async with running(worker):
+        async with asyncio.timeout(5):
+            while worker.running < 1:
+                await asyncio.sleep(0.01)
+        go.set()
+        await asyncio.wait_for(landed.wait(), 5)
+        await asyncio.wait_for(renewing.wait(), 5)
+        proceed.set()
+        await asyncio.sleep(0.2)  # the renewal's answer: not owned
+        reply.set()
+        info = await settled(q, "r")
+        async with asyncio.timeout(5):
+            while worker.in_flight:
+                await asyncio.sleep(0.01)
+    assert info.state == "completed"
+    assert not [r for r in caplog.records if "interrupting task r" in r.getMessage()]
+    after = REGISTRY.get_sample_value("effectmq_lease_losses_total", {"queue": "renew-race", "task": "job"}) or 0
+    assert after == losses, "a completed task counted as a lease loss"
+    completed = REGISTRY.get_sample_value("effectmq_outcomes_total",
+                                          {"queue": "renew-race", "task": "job", "outcome": "completed"})
+    assert completed == 1
