@@ -68,6 +68,25 @@ def call_prefix(token: str) -> str:
     return token.rpartition(":")[0]
 
 
+LEAD = object()  # what an _Ask's future is given when its caller is to make the next call
+
+
+class _Ask:
+    """One acquire_many caller's share of a call made for several (LeaseEngine.acquire_many)."""
+
+    __slots__ = ("count", "lock_timeout", "future", "again")
+
+    def __init__(self, count: int, lock_timeout: float):
+        self.count = count
+        self.lock_timeout = lock_timeout
+        self.again = False  # given nothing once while ready tasks were known: in the next call too
+        self.wait()
+
+    def wait(self) -> None:
+        # (leases, next_due) once served, LEAD when its caller makes the next call
+        self.future: asyncio.Future = asyncio.get_running_loop().create_future()
+
+
 def error_info(error: Any, declared: Sequence[type[BaseException]] = ()) -> tuple[ErrorInfo, bool]:
     """Turn what a handler raised (or a caller passed) into a stored error and retryability.
     Whatever a handler raised becomes an ErrorInfo: a __str__ that raises is described instead."""
@@ -263,6 +282,10 @@ class LeaseEngine:
         # One acquire at a time per process: each starts from the ids the last one learnt,
         # and this process's callers never compete for them.
         self._acquiring = asyncio.Lock()
+        # acquire_many callers waiting for the next call (oldest first), and whether one of
+        # them (the leader) is making a call: those who come meanwhile share the next one.
+        self._asks: collections.deque[_Ask] = collections.deque()
+        self._leading = False
         self._receipt_seq = itertools.count(1)
 
     def receipt(self, settled: Sequence[tuple[Lease, str]]) -> tuple[str, str]:
@@ -286,9 +309,102 @@ class LeaseEngine:
         check_number("count", count, minimum=1, integer=True, allow_none=False)
         lt = self.queue.lock_timeout if lock_timeout is None else lock_timeout
         check_number("lock_timeout", lt, minimum=0.01, allow_none=False)
-        count = min(count, MAX_ACQUIRE)
-        async with self._acquiring:
-            return await self._acquire_rounds(count, lt)
+        # Callers of one process take turns (one call at a time), and those who come while
+        # a call is out share the next one: one script call for all of them, not one each.
+        ask = _Ask(min(count, MAX_ACQUIRE), lt)
+        self._asks.append(ask)
+        if not self._leading:
+            self._leading = True
+            served = await self._lead(ask)
+        else:
+            served = await self._wait_for_turn(ask)
+        while served is None:  # given nothing while ready tasks were known: in the next call too
+            served = await self._wait_for_turn(ask)
+        return served
+
+    async def _wait_for_turn(self, ask: _Ask) -> tuple[list[Lease], float | None] | None:
+        """Wait in line: served by another caller's call, or make the next call (None: in
+        line again)."""
+        try:
+            served = await ask.future
+        except asyncio.CancelledError:
+            self._withdraw(ask)
+            raise
+        return await self._lead(ask) if served is LEAD else served
+
+    async def _lead(self, ask: _Ask) -> tuple[list[Lease], float | None] | None:
+        """Make one call for `ask` (first in line) and the asks after it with the same lease
+        length (within MAX_ACQUIRE), give each its share in order, and hand the next call
+        to the first ask in line. An ask given nothing while ready tasks were known goes
+        back first in line, once (None when it is `ask`'s own)."""
+        group: list[_Ask] = []
+        passed: list[_Ask] = []
+        total = 0
+        while self._asks:
+            other = self._asks.popleft()
+            if other.future.cancelled():
+                continue
+            if other.lock_timeout == ask.lock_timeout and total + other.count <= MAX_ACQUIRE:
+                group.append(other)
+                total += other.count
+            else:
+                passed.append(other)
+        self._asks.extendleft(reversed(passed))
+        try:
+            async with self._acquiring:
+                leases, next_due = await self._acquire_rounds(total, ask.lock_timeout)
+        except asyncio.CancelledError:
+            # The leader's caller is cancelled, not the others: they wait for the next call.
+            self._asks.extendleft(reversed([other for other in group if other is not ask]))
+            self._pass_lead()
+            raise
+        except Exception as exc:
+            for other in group:
+                if other is not ask and not other.future.done():
+                    other.future.set_exception(exc)
+            self._pass_lead()
+            raise
+        mine: tuple[list[Lease], float | None] | None = None
+        again: list[_Ask] = []
+        for other in group:
+            share, leases = leases[:other.count], leases[other.count:]
+            if other is not ask and other.future.done():  # cancelled meanwhile: nobody has these
+                self._forget_leases(share)
+            elif not share and next_due == 0.0 and not other.again:
+                other.again = True
+                if other is ask:
+                    ask.wait()
+                again.append(other)
+            elif other is ask:
+                mine = share, next_due
+            else:
+                other.future.set_result((share, next_due))
+        self._asks.extendleft(reversed(again))
+        self._pass_lead()
+        return mine
+
+    def _pass_lead(self) -> None:
+        """The first ask in line makes the next call; none: the next caller does."""
+        while self._asks:
+            if not self._asks[0].future.done():
+                self._asks[0].future.set_result(LEAD)  # it stays first in line
+                return
+            self._asks.popleft()  # cancelled
+        self._leading = False
+
+    def _withdraw(self, ask: _Ask) -> None:
+        """A waiting caller was cancelled: its share of a call goes back, and so does the lead."""
+        future = ask.future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            served = future.result()
+            if served is LEAD:
+                if ask in self._asks:
+                    self._asks.remove(ask)
+                self._pass_lead()
+            else:
+                self._forget_leases(served[0])  # served as it was cancelled: nobody runs them
+        elif ask in self._asks:
+            self._asks.remove(ask)
 
     async def complete_and_acquire(self, settled: Sequence[tuple[Lease, str]], count: int, *,
                                    lock_timeout: float | None = None) -> tuple[list[Outcome], list[Lease]]:

@@ -392,3 +392,80 @@ async def test_a_renewal_racing_a_batched_completion_is_not_a_lease_loss(make_qu
     completed = REGISTRY.get_sample_value("effectmq_outcomes_total",
                                           {"queue": "renew-race", "task": "job", "outcome": "completed"})
     assert completed == 1
+
+
+# -- Defect 11: callers of one process share a call -----------------------------------
+
+
+def count_calls(queue) -> dict[str, int]:
+    real = queue.engine.scripts.run
+    calls: dict[str, int] = {}
+
+    async def run(args):
+        calls[args.operation] = calls.get(args.operation, 0) + 1
+        return await real(args)
+
+    queue.engine.scripts.run = run
+    return calls
+
+
+async def test_concurrent_acquire_callers_share_calls_and_each_gets_its_own_lease(make_queue):
+    # They took turns, one script call each: 32 coroutines of one process ran at 0.57 of
+    # the client's limit. Those who come while a call is out now share the next one.
+    q = make_queue("coalesced", lock_timeout=30)
+    await q.offer_many([("x", i, {"task_id": f"t{i}"}) for i in range(32)])
+    calls = count_calls(q)
+    leases = await asyncio.gather(*(q.acquire() for _ in range(32)))
+    assert sorted(lease.task_id for lease in leases) == sorted(f"t{i}" for i in range(32))
+    assert len({lease.token for lease in leases}) == 32
+    assert calls["acquire"] <= 4, calls
+    # Asking for more than there is: each gets what the call got, in order, and the rest None.
+    await q.offer_many([("x", i, {"task_id": f"u{i}"}) for i in range(3)])
+    more = await asyncio.gather(*(q.acquire() for _ in range(8)))
+    assert sorted(lease.task_id for lease in more if lease) == ["u0", "u1", "u2"]
+    await q.complete_many([(lease, "null") for lease in leases + [m for m in more if m]])
+    assert (await q.stats()).active == 0
+
+
+@pytest.mark.parametrize("cancelled", [0, 1], ids=["the caller making the call", "a caller sharing it"])
+async def test_a_caller_cancelled_while_the_call_is_out_loses_no_lease(make_queue, cancelled):
+    q = make_queue(f"coalesced-cancel-{cancelled}", lock_timeout=30)
+    await q.offer_many([("x", i, {"task_id": f"t{i}"}) for i in range(5)])
+    gates = {2: asyncio.Event(), 3: asyncio.Event()}
+    out = {2: asyncio.Event(), 3: asyncio.Event()}
+
+    real = q.engine.scripts.run
+    n = 0
+
+    async def hold(args):  # call 2 before it is sent, call 3 after it ran (its reply held)
+        nonlocal n
+        n += 1 if isinstance(args, protocol.AcquireArgs) else 0
+        if n == 2 and isinstance(args, protocol.AcquireArgs):
+            out[2].set()
+            await gates[2].wait()
+        reply = await real(args)
+        if n == 3 and isinstance(args, protocol.AcquireArgs):
+            out[3].set()
+            await gates[3].wait()
+        return reply
+
+    q.engine.scripts.run = hold
+    first = await q.acquire()  # call 1
+    second = asyncio.create_task(q.acquire())  # call 2, held
+    await asyncio.wait_for(out[2].wait(), 5)
+    waiters = [asyncio.create_task(q.acquire()) for _ in range(3)]  # they share call 3
+    await asyncio.sleep(0.05)
+    gates[2].set()
+    await asyncio.wait_for(out[3].wait(), 5)  # call 3 is out, for all three
+    waiters[cancelled].cancel()
+    gates[3].set()
+    with pytest.raises(asyncio.CancelledError):
+        await waiters[cancelled]
+    got = [first, await second] + [await w for i, w in enumerate(waiters) if i != cancelled]
+    held = [lease for lease in got if lease]
+    # What the cancelled caller's call took for it went back, without a stall; the next
+    # call hands it back first and may lease it again, as a first attempt.
+    again, _ = await q.acquire_many(5)
+    everything = held + again
+    assert sorted(lease.task_id for lease in everything) == [f"t{i}" for i in range(5)]
+    assert [lease.attempt for lease in everything] == [1] * 5
