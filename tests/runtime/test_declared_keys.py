@@ -60,7 +60,7 @@ def test_the_check_reports_an_undeclared_key_and_accepts_a_declared_one(redis_ur
 
 
 def test_every_known_script_is_named():
-    assert _scripts("engine") == {f"engine:{op}" for op in effectmq.protocol.SCRIPTS} and len(_scripts("engine")) == 14
+    assert _scripts("engine") == {f"engine:{op}" for op in effectmq.protocol.SCRIPTS} and len(_scripts("engine")) == 15
     assert _scripts("scheduler") == {f"scheduler:{op}" for op in schedule_store.OPERATIONS}
     # no SHA or function name shared: the engine's by SHA (EVALSHA) and by function (FCALL)
     assert len(set(known_scripts())) == 2 * len(_scripts("engine")) + len(_scripts("scheduler"))
@@ -126,6 +126,10 @@ async def test_every_engine_script_declares_the_keys_it_touches(redis_url):
             lease = await queue.acquire()
             assert lease is not None and lease.task_id == "direct"
             await lease.complete("by hand")
+            await queue.offer("work", "f", task_id="lost-reply")  # leased by a call whose reply is lost
+            lease = await queue.acquire()
+            prefix = lease.token.rsplit(":", 1)[0]
+            assert (await queue._scripts.run(effectmq.protocol.ReclaimArgs(prefix, ["lost-reply"]))).reclaimed == 1
             await queue.stats()
     finally:
         await queue.close()

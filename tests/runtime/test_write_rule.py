@@ -469,3 +469,29 @@ async def test_a_write_planted_before_a_check_is_caught(redis_url, injector):
     finally:
         await q.close()
         await raw.aclose()
+
+
+async def test_a_failure_decodes_only_its_own_error_not_the_history(redis_url, injector):
+    """Suspected from reading 8519fde and confirmed: every fail, release and stall decoded
+    and encoded the whole history (20 entries, each error up to 1 MiB). Now a failure
+    decodes its own error once, to check it, and appends to the history as text."""
+    q = effectmq.TaskQueue("history", url=redis_url, lock_timeout=60, max_retries=50)
+    q._scripts.functions = False
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+        await q.offer("t", 1, task_id="a")
+        for n in range(22):
+            (lease,), _ = await q.acquire_many(1)
+            injector.set("fail", trace=True)
+            await q.engine.fail(lease, TaskError(f"boom {n}", data="x" * 10_000), retryable=True,
+                                retry=lambda failures: 0.0, declared=())
+            injector.set(None)
+            (call,) = await _trace(raw)
+            codecs = [step for step in call.steps if step.startswith("codec:")]
+            # Its own error checked once; the one encode is the wake message naming the task.
+            assert codecs == ["codec:decode", "codec:encode"], (n, codecs)
+        history = (await q.get("a")).attempts
+        assert len(history) == 20 and history[-1].error.message == "boom 21"
+    finally:
+        await q.close()
+        await raw.aclose()

@@ -14,7 +14,7 @@ local function use_receipts(own, resent)
   local first = #KEYS - #ids
   for i, id in ipairs(ids) do
     local key = BASE .. 'r:' .. id
-    if KEYS[first + i] ~= key then error('undeclared call.receipt key ' .. key) end
+    if KEYS[first + i] ~= key then error('undeclared receipt key ' .. key) end
     call.receipt_keys[i] = key
   end
   if own ~= '' then call.receipt = {key = call.receipt_keys[1], tokens = {}, until_ms = 0} end
