@@ -7,6 +7,7 @@ or sit in the queue's settings; any callable works as a custom policy in code.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Callable, Union
@@ -43,7 +44,11 @@ class Exponential:
             raise InvalidOption(f"retry factor must be >= 1, got {self.factor}")
 
     def __call__(self, failures: int) -> float:
-        base = min(self.maximum, self.initial * self.factor ** max(0, failures - 1))
+        try:
+            grown = self.initial * self.factor ** max(0, failures - 1)
+        except OverflowError:  # factor ** 1024 and more: the maximum long before
+            grown = math.inf
+        base = min(self.maximum, grown)
         if self.jitter:  # "full jitter" spreads a burst of failures over the window
             return random.uniform(base / 2, base)
         return base

@@ -426,3 +426,19 @@ async def test_a_resent_cancel_or_retry_answers_for_the_state_it_found(make_queu
     await gone.offer("x", None, task_id="g")
     assert await gone.cancel("g") == "waiting"
     assert await gone.cancel("g") is None  # the resend: "no such task"
+
+
+@pytest.mark.parametrize("failures", [1024, 1025, 10 ** 6, 2 ** 31 - 1])
+async def test_the_default_backoff_past_a_thousand_failures_is_its_maximum_and_the_failure_settles(make_queue,
+                                                                                                  failures):
+    """Exponential computed factor ** (failures - 1) before its maximum: OverflowError at
+    failure 1025 (max_retries may be 2**31 - 1), and the failure was never sent: a stall."""
+    policy = effectmq.Exponential(jitter=False)
+    assert policy(failures) == policy.maximum
+    q = make_queue("backoff", lock_timeout=60, max_retries=2 ** 31 - 1)
+    await q.offer("t", 1, task_id="a")
+    lease = await q.acquire()
+    lease.handler_failure_count = failures - 1  # as the record says after that many failures
+    await lease.fail(RuntimeError("again"))
+    info = await q.get("a")
+    assert (info.state, info.handler_failure_count, info.stalled_attempt_count) == ("delayed", 1, 0)
