@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -249,7 +250,24 @@ INVALID = {
         manifest(QUEUE, worker={"handlers": "a:b"}),
         ["spec.worker.image: Required value"],
     ),
+    # Beyond the runtime's bound (protocol.MAX_DURATION): the operator's configure would refuse it.
+    "lock-timeout-over-ten-years": (
+        manifest(QUEUE, lockTimeoutSeconds=315360001, lockRefreshSeconds=10),
+        ["spec.lockTimeoutSeconds", "should be less than or equal to 315360000"],
+    ),
+    "retention-over-ten-years": (
+        manifest(QUEUE, retention={"completedSeconds": 2 ** 40}),
+        ["spec.retention.completedSeconds", "should be less than or equal to 315360000"],
+    ),
 }
+
+
+def test_the_crd_bounds_durations_as_the_runtime_does():
+    from effectmq.protocol import MAX_DURATION
+
+    text = (Path(__file__).resolve().parents[2] / "crds" / "queue.yaml").read_text()
+    bounds = re.findall(r"maximum: (\d+)  # ten years", text)
+    assert len(bounds) == 6 and {int(b) for b in bounds} == {int(MAX_DURATION)}
 
 
 @pytest.mark.parametrize("case", sorted(INVALID))
