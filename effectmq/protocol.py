@@ -404,7 +404,9 @@ class OfferArgs(ScriptArgs[OfferReply]):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "count", len(self.tasks))
-        object.__setattr__(self, "nonce", str(1 + secrets.randbelow(1 << 31)))  # compact: an integer
+        # An integer (compact in the task hash) of 53 random bits: 31 let a resend mistake a
+        # task another call created for its own once in two billion resends.
+        object.__setattr__(self, "nonce", str(1 + secrets.randbelow(1 << 53)))
 
     def argv(self) -> list:
         return [self.count, self.nonce, *_flat(self.tasks)]
@@ -555,9 +557,10 @@ class CancelArgs(ScriptArgs[PreviousStateReply]):
     id: str
     error: str  # JSON
     retention_ms: int
+    request: str = ""  # random per call: a resend (its reply lost) answers as the first send did
 
     def argv(self) -> list:
-        return [self.id, self.error, self.retention_ms]
+        return [self.id, self.error, self.retention_ms, self.request]
 
     def task_ids(self) -> Sequence[str | bytes]:
         return [self.id]
@@ -568,9 +571,10 @@ class RetryArgs(ScriptArgs[PreviousStateReply]):
     operation = "retry"
     Reply = PreviousStateReply
     id: str
+    request: str = ""  # as CancelArgs'
 
     def argv(self) -> list:
-        return [self.id]
+        return [self.id, self.request]
 
     def task_ids(self) -> Sequence[str | bytes]:
         return [self.id]

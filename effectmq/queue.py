@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import secrets
 import time
 import uuid
 from typing import Any, AsyncIterator, Iterable, Sequence
@@ -333,7 +334,8 @@ class TaskQueue(OwnsConnection):
         Returns the state the task was in, or None when there is no such task.
         """
         err = codec.dumps(ErrorInfo(CANCELED, "canceled by request", kind="cancel").to_json())
-        reply = await self._scripts.run(protocol.CancelArgs(task_id, err, retention_ms(self.retention_failed)))
+        reply = await self._scripts.run(protocol.CancelArgs(task_id, err, retention_ms(self.retention_failed),
+                                                            secrets.token_hex(8)))
         return reply.previous_state
 
     async def retry(self, task_id: str) -> str | None:
@@ -341,7 +343,7 @@ class TaskQueue(OwnsConnection):
 
         Returns the state the task was in, or None when there is no such task.
         """
-        return (await self._scripts.run(protocol.RetryArgs(task_id))).previous_state
+        return (await self._scripts.run(protocol.RetryArgs(task_id, secrets.token_hex(8)))).previous_state
 
     async def configure(self, **settings: Any) -> None:
         """Write queue-level settings read by every producer, worker and script.

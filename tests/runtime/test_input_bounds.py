@@ -411,21 +411,29 @@ async def test_offer_many_of_200k_tasks_does_not_block_the_event_loop(make_queue
 
 
 async def test_a_resent_cancel_or_retry_answers_for_the_state_it_found(make_queue):
-    """Confirms the suspicion, as the current behaviour: cancel and retry carry no
-    request id, so a resend after a lost reply is a second call and answers for the
-    state the first one left. A resent cancel says 'canceled' (or None when the record
-    was deleted at once: retention 0), a resent retry says 'waiting', which reads as
-    "not retried: the task was waiting" although the lost call did retry it."""
+    """Suspected from reading 8519fde and confirmed: cancel and retry carried no request
+    id, so the runner's resend after a lost reply (the same call again) answered for the
+    state the first send left: a resent cancel said 'canceled' (None when the record was
+    deleted at once), a resent retry said 'waiting'. Now each call carries a random
+    request id, and its resend answers as the first send did. Two calls are still two."""
     q = make_queue("resend", retention_failed=60)
     await q.offer("x", None, task_id="c")
-    assert await q.cancel("c") == "waiting"
-    assert await q.cancel("c") == "canceled"  # the resend: not "waiting"
-    assert await q.retry("c") == "canceled"
-    assert await q.retry("c") == "waiting"  # the resend: not "canceled"
+    err = '{"tag":"~effectmq/Error/Canceled"}'
+    cancel = protocol.CancelArgs("c", err, 60_000, "req-1")
+    assert (await q._scripts.run(cancel)).previous_state == "waiting"
+    assert (await q._scripts.run(cancel)).previous_state == "waiting"  # the resend
+    assert await q.cancel("c") == "canceled"  # another call
+    retry = protocol.RetryArgs("c", "req-2")
+    assert (await q._scripts.run(retry)).previous_state == "canceled"
+    assert (await q._scripts.run(retry)).previous_state == "canceled"  # the resend
+    assert (await q.get("c")).state == "waiting"
+    assert await q.retry("c") == "waiting"  # another call: not retried
     gone = make_queue("gone", retention_failed=0)
     await gone.offer("x", None, task_id="g")
-    assert await gone.cancel("g") == "waiting"
-    assert await gone.cancel("g") is None  # the resend: "no such task"
+    cancel = protocol.CancelArgs("g", err, 0, "req-3")
+    assert (await gone._scripts.run(cancel)).previous_state == "waiting"
+    assert (await gone._scripts.run(cancel)).previous_state == "waiting"  # the resend, the record gone
+    assert await gone.cancel("g") is None  # another call: no such task
 
 
 @pytest.mark.parametrize("failures", [1024, 1025, 10 ** 6, 2 ** 31 - 1])
@@ -442,3 +450,13 @@ async def test_the_default_backoff_past_a_thousand_failures_is_its_maximum_and_t
     await lease.fail(RuntimeError("again"))
     info = await q.get("a")
     assert (info.state, info.handler_failure_count, info.stalled_attempt_count) == ("delayed", 1, 0)
+
+
+def test_offer_nonces_have_53_random_bits():
+    """Suspected from reading 8519fde: 31 bits. A resend recognizes its own tasks by the
+    nonce, so a collision reports created=True for another call's task."""
+    from effectmq.queue import offer_argv
+
+    nonces = {int(protocol.OfferArgs([offer_argv("t", 1, task_id="a")[1]]).nonce) for _ in range(2000)}
+    assert len(nonces) == 2000 and max(nonces) < 2 ** 53 + 1
+    assert sum(n >= 2 ** 31 for n in nonces) > 1990  # drawn from far more than 31 bits
