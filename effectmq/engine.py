@@ -605,6 +605,7 @@ class WakeSignal:
         self.event = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._ready = asyncio.Event()
+        self._denied = False  # the subscription was refused by an ACL (warned once)
 
     async def start(self) -> "WakeSignal":
         self._task = asyncio.create_task(self._listen(), name=f"effectmq-wake-{self.queue.name}")
@@ -625,7 +626,13 @@ class WakeSignal:
                     self.event.set()
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
+                if not self._denied and "NOPERM" in str(exc).upper().replace(" ", ""):
+                    self._denied = True  # said once: it stays so until the ACL changes
+                    log.warning("queue %s: this Redis user may not subscribe to %s (%s): idle workers look "
+                                "for tasks every 2 s instead of at once; grant the channels &%s* "
+                                "(docs/protocol.md)", self.queue.name, self.queue.keys.wake_channel, exc,
+                                self.queue.keys.base)
                 self.event.set()  # we may have missed a signal: let the owner look
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)

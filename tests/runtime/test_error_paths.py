@@ -85,7 +85,8 @@ def _documented_acl_users() -> list[list[str]]:
 
 
 @pytest.mark.parametrize("acl", _documented_acl_users(), ids=lambda acl: acl[1])
-async def test_a_restricted_user_as_documented_loses_nothing_and_the_worker_never_stops(redis_url, redis_server, acl):
+async def test_a_restricted_user_as_documented_loses_nothing_and_the_worker_never_stops(redis_url, redis_server, acl,
+                                                                                        caplog):
     """Defect 2: Redis 7 denies channels by default (acl-pubsub-default resetchannels). A
     user allowed the queue's keys only: complete of a task somebody waits on, offer and
     maintain used to fail after their first write; the worker stopped. With the
@@ -127,8 +128,12 @@ async def test_a_restricted_user_as_documented_loses_nothing_and_the_worker_neve
         assert sorted(ran) == [*range(20), 100]
         await _invariants(q, redis_url)
         assert (await q.get("t0")).stalled_attempt_count == 0
+        denied = [r for r in caplog.records if "may not subscribe" in r.getMessage()]
         if "&{emq:acl}:*" in acl:
             assert started[100] - offered_at < 0.5, "with the channels, a wake-up starts the task"
+            assert not denied
+        else:  # said once, with what to grant
+            assert len(denied) == 1 and "grant the channels &{emq:acl}:*" in denied[0].getMessage()
     finally:
         await q.close()
         admin.execute_command("ACL", "DELUSER", user)
