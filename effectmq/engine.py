@@ -453,7 +453,11 @@ class LeaseEngine:
                         await self.reclaim_lost()
             raise
         if reply.status is AcquireStatus.OK:  # paused or limited: the ids known stay known
-            self._ready, self._due = list(reply.ready), list(reply.due)
+            # The ids it names, then those known but not declared (learnt while it was out, or
+            # beyond its slice): the script names only ids after the last one it named.
+            declared, named = set(candidates), set(reply.ready)
+            kept = [i for i in self._ready if i not in declared and i not in named]
+            self._ready, self._due = (list(reply.ready) + kept)[:max(peek, len(reply.ready))], list(reply.due)
         return reply, leases
 
     async def reclaim_lost(self) -> int:
