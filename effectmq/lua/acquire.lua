@@ -175,8 +175,8 @@ if taking > 0 then
       end
       local token = ARGV[3] .. ':' .. int_text(seq + i)
       taken[id] = true
-      write('HSET', key, 'state', 'active', 'token', token, 'lock_until', deadline_text, 'started_at', now_text(),
-        'attempt', attempt_text)
+      write_command({'HSET', key, 'state', 'active', 'token', token, 'lock_until', deadline_text,
+        'started_at', now_text(), 'attempt', attempt_text})
       leased[#leased + 1] = deadline_text
       leased[#leased + 1] = id
       out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = id, token, attempt, f[2], f[3]
@@ -204,24 +204,27 @@ if #named < peek then
   -- (the next call could not lease those past it), else from the head.
   -- Redis's waiting index still holds the ids leased here (their removal is queued): they
   -- are counted out, and read past.
-  local from = '-inf'
+  local from, after = '-inf', nil  -- after: the score the range starts after
   if last_score and band and last_score < band then
     local before = redis.call('ZCOUNT', K_WAITING, '-inf', last_text)
     for i = 1, taking do
       if pick_scores[i] <= last_score then before = before - 1 end
     end
-    if before + peek - #named <= window then from = '(' .. last_text end
+    if before + peek - #named <= window then from, after = '(' .. last_text, last_score end
   end
-  local limit = int_text(peek - #named + taking)
-  local fresh = redis.call('ZRANGE', K_WAITING, from, '+inf', 'BYSCORE', 'LIMIT', '0', limit, 'WITHSCORES')
+  local skip = 0  -- ids leased here that the range holds: it asks for as many more
+  for i = 1, taking do
+    if after == nil or pick_scores[i] > after then skip = skip + 1 end
+  end
+  local fresh = redis.call('ZRANGE', K_WAITING, from, '+inf', 'BYSCORE', 'LIMIT', '0', int_text(peek - #named + skip))
   if #fresh == 0 and from ~= '-inf' then
-    fresh = redis.call('ZRANGE', K_WAITING, '-inf', '+inf', 'BYSCORE', 'LIMIT', '0', limit, 'WITHSCORES')
+    fresh = redis.call('ZRANGE', K_WAITING, '-inf', '+inf', 'BYSCORE', 'LIMIT', '0', int_text(peek - #named + taking))
   end
-  for i = 1, #fresh, 2 do
+  for i = 1, #fresh do
     if not listed[fresh[i]] and not taken[fresh[i]] and #named < peek then named[#named + 1] = fresh[i] end
   end
   if #fresh > 0 then  -- a hint: at maxmemory it may be this call's first write, and refused (FIRST_WRITE_FREES)
-    hint('SET', K_PEEKED, ARGV[3] .. ' ' .. fresh[#fresh])
+    hint('SET', K_PEEKED, ARGV[3] .. ' ' .. redis.call('ZSCORE', K_WAITING, fresh[#fresh]))
   end
 end
 out[3] = next_due()

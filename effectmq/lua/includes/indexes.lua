@@ -32,8 +32,14 @@ end
 local function flush_adds()
   for _, index in ipairs(call.add_order) do
     local list = call.adds[index]
-    for i = 1, #list, 1000 do
-      write('ZADD', index, unpack(list, i, math.min(i + 999, #list)))
+    if #list <= 2000 then  -- one command: the list becomes it (no copy)
+      table.insert(list, 1, index)
+      table.insert(list, 1, 'ZADD')
+      write_command(list)
+    else
+      for i = 1, #list, 2000 do
+        write('ZADD', index, unpack(list, i, math.min(i + 1999, #list)))
+      end
     end
   end
   call.adds, call.add_order = {}, {}

@@ -51,9 +51,9 @@ local function settle(id, key, state, index_key, retention_ms, now, extra, lease
     forget(id, key, now, lease, outcome)
     return
   end
-  local fields = {'state', state, 'finished_at', now_text(), 'token', ''}
-  for _, v in ipairs(extra or {}) do fields[#fields + 1] = v end
-  write('HSET', key, unpack(fields))
+  local command = {'HSET', key, 'state', state, 'finished_at', now_text(), 'token', ''}
+  for _, v in ipairs(extra or {}) do command[#command + 1] = v end
+  write_command(command)
   if retention_ms < 0 then
     zadd_later(index_key, '+inf', id)
   else

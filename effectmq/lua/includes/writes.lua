@@ -26,6 +26,10 @@
 local function write(...)
   call.writes[#call.writes + 1] = {...}
 end
+-- A write whose command table the caller built ({command, key, args...}): not copied again.
+local function write_command(command)
+  call.writes[#call.writes + 1] = command
+end
 local function hint(...)
   call.hints[#call.hints + 1] = {...}
 end
