@@ -12,7 +12,8 @@ Used by the operator for Deployments and by the local runner for processes.
            the number of worker processes that still hold leases
   paused   down to minReplicas at once (busy workers are kept until they drain)
   cap      never above maxReplicas, nor ceil(maxActive / leases per replica) when maxActive is set
-  reason   describes the final decision, after every clamp
+  reason   describes the final decision, after every clamp, naming the bound that decided it
+           (paused, maxReplicas, maxActive, minReplicas, work in flight) before the backlog
 """
 
 from __future__ import annotations
@@ -106,8 +107,9 @@ def decide(spec: ScalingSpec, seen: Observation, state: ScalingState, now: float
         replicas = min(target, max_step_up(current))
     elif stable < current:
         replicas = stable
-        if replicas == 0 and last_demand_at is not None and now - last_demand_at < spec.cooldown and not spec.paused:
-            replicas = min(1, hi)  # idle, but not yet for the whole cooldown
+        if (replicas == 0 and hi > 0 and last_demand_at is not None and now - last_demand_at < spec.cooldown
+                and not spec.paused):
+            replicas = 1  # idle, but not yet for the whole cooldown
             waiting_for = f"idle for less than the {spec.cooldown:g}s cooldown"
     else:
         replicas = current
@@ -119,9 +121,18 @@ def decide(spec: ScalingSpec, seen: Observation, state: ScalingState, now: float
     return Decision(replicas, reason, new_state)
 
 
+def _cap_name(spec: ScalingSpec) -> str:
+    """Which bound sets `upper`: maxActive (through the leases per replica) or maxReplicas."""
+    by_max_active = spec.replica_cap is not None and spec.replica_cap < max(spec.min_replicas, spec.max_replicas)
+    return "maxActive / concurrency" if by_max_active else "maxReplicas"
+
+
 def _reason(spec: ScalingSpec, current: int, replicas: int, target: int, wanted: int, floored: int,
             in_flight_floor: int, why: str, waiting_for: str) -> str:
-    """Describe the final decision (after every clamp), so Events say what was done."""
+    """Describe the final decision (after every clamp), so Events say what was done and
+    which bound decided it: paused, maxReplicas or maxActive (a cap), minReplicas (a
+    floor), work in flight, or else the backlog itself (`why`)."""
+    lo, hi = spec.lower, spec.upper
     if replicas > current:
         head = f"scale up to {replicas}"
     elif replicas < current:
@@ -129,18 +140,26 @@ def _reason(spec: ScalingSpec, current: int, replicas: int, target: int, wanted:
     else:
         head = f"hold at {current}"
     notes = []
+    if spec.paused:
+        cause = why
+        if replicas == lo and lo > 0 and lo >= in_flight_floor:
+            notes.append(f"minReplicas is {lo}")
+    elif floored > hi and replicas == hi:
+        # a cap decided: more would be wanted (by the backlog, minReplicas or work in flight)
+        cause = f"capped at {hi} by {_cap_name(spec)}" + (f" ({why})" if wanted > hi else "")
+    elif replicas == lo and lo > max(wanted, in_flight_floor):
+        cause = f"minReplicas is {lo} (the backlog alone needs {wanted}: {why})"
+    elif replicas == 0 and current > 0 and wanted == 0 and not waiting_for:
+        cause = f"no tasks for {spec.cooldown:g}s"
+    else:
+        cause = why
     if replicas > current and replicas < target:
         notes.append(f"step limited, target {target}")
-    if floored > target:
-        by_max_active = spec.replica_cap is not None and spec.replica_cap < max(spec.min_replicas, spec.max_replicas)
-        notes.append(f"capped at {target} by " + ("maxActive / concurrency" if by_max_active else "maxReplicas"))
-    if in_flight_floor > max(wanted, spec.lower) and replicas == in_flight_floor:
+    if in_flight_floor > max(wanted, lo) and replicas == in_flight_floor and not (floored > hi and replicas == hi):
         notes.append(f"{in_flight_floor} kept for work in flight")
     if waiting_for:
         notes.append(waiting_for)
-    if replicas == 0 and current > 0:
-        why = f"no tasks for {spec.cooldown:g}s" if not spec.paused else why
-    return f"{head}: {why}" + "".join(f"; {n}" for n in notes)
+    return f"{head}: {cause}" + "".join(f"; {n}" for n in notes)
 
 
 def restore_state(last_scale_at: float | None, now: float, current: int) -> ScalingState:

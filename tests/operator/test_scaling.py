@@ -110,3 +110,44 @@ def test_the_reason_names_the_replicas_of_the_decision(seen):
             assert head in (f"scale down to {d.replicas}", "scale to zero")
         else:
             assert head == f"hold at {d.replicas}"
+
+
+# Issue 35, defect 8: a reason names the bound that decided, never contradicts the decision.
+
+def test_max_replicas_zero_scales_to_zero_and_says_so_without_a_cooldown_that_did_not_apply():
+    """Was: "scale to zero: no tasks for 60s; idle for less than the 60s cooldown", with
+    tasks waiting and the cooldown not waited for."""
+    spec = ScalingSpec(min_replicas=0, max_replicas=0, cooldown=60)
+    d = decide(spec, Observation(10, 0, 1), ScalingState(last_demand_at=999.0), now=1000.0)
+    assert d.replicas == 0
+    assert d.reason.startswith("scale to zero: capped at 0 by maxReplicas"), d.reason
+    assert "cooldown" not in d.reason and "no tasks" not in d.reason, d.reason
+
+
+def test_min_replicas_that_decided_is_named():
+    """Was: "scale up to 4: 0 tasks (0 waiting + 0 active) / 50 per replica"."""
+    spec = ScalingSpec(min_replicas=4, max_replicas=10)
+    d = decide(spec, Observation(0, 0, 0), ScalingState(), now=1000.0)
+    assert d.replicas == 4 and d.reason.startswith("scale up to 4: minReplicas is 4"), d.reason
+    d = decide(spec, Observation(0, 0, 4), d.state, now=1001.0)
+    assert d.replicas == 4 and d.reason.startswith("hold at 4: minReplicas is 4"), d.reason
+    # when the backlog needs more than the floor, the backlog decides
+    d = decide(spec, Observation(500, 0, 4), d.state, now=1002.0)
+    assert d.replicas == 8 and "minReplicas" not in d.reason and "500 tasks" in d.reason, d.reason
+
+
+def test_max_replicas_that_capped_is_named():
+    d = decide(SPEC, Observation(5_000, 0, 12), ScalingState(), now=1000.0)
+    assert d.replicas == 20 and d.reason.startswith("scale up to 20: capped at 20 by maxReplicas"), d.reason
+    assert "5000 tasks" in d.reason
+
+
+def test_paused_names_the_min_replicas_it_keeps():
+    paused = ScalingSpec(min_replicas=2, max_replicas=20, paused=True)
+    d = decide(paused, Observation(615, 0, 13), ScalingState(), now=0)
+    assert d.replicas == 2 and d.reason == "scale down to 2: queue paused; minReplicas is 2", d.reason
+
+
+def test_to_zero_after_the_cooldown_says_no_tasks_only_when_there_were_none():
+    d = decide(SPEC, Observation(0, 0, 1), ScalingState(((0.0, 1),), last_demand_at=0.0), now=500.0)
+    assert d.replicas == 0 and d.reason == "scale to zero: no tasks for 120s", d.reason
