@@ -24,7 +24,7 @@ from kubernetes.client.rest import ApiException
 from . import builders, control, metrics, scaling
 from .connections import Connections, RedisTarget
 from .kube import Kube, api_error, describe_failure, namespace_terminating
-from .spec import InvalidSpec, QueueSpec
+from .spec import QUEUE_MAXIMA, InvalidSpec, QueueSpec
 from .status import Problem
 from .workqueue import Key, Registry, WorkQueue, key_of, newer
 
@@ -148,11 +148,14 @@ class QueueController:
         return target.secrets if target else ()
 
     def _poll_interval(self, key: Key) -> float:
+        """The Queue's poll interval, within the CRD's bounds (a Queue stored before they
+        existed is polled at least hourly, and its reconcile says the value is invalid)."""
         try:
-            return float((((self.queues.items.get(key) or {}).get("spec") or {}).get("scaling") or {})
-                         .get("pollIntervalSeconds") or 10)
+            interval = float((((self.queues.items.get(key) or {}).get("spec") or {}).get("scaling") or {})
+                             .get("pollIntervalSeconds") or 10)
         except (TypeError, ValueError):
             return 10.0
+        return min(max(interval, 1.0), float(QUEUE_MAXIMA["scaling.pollIntervalSeconds"]))
 
     def _finished(self, key: Key, ok: bool) -> None:
         metrics.RECONCILES.labels("ok" if ok else "retry").inc()

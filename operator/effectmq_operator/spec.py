@@ -46,6 +46,23 @@ QUEUE_DEFAULTS: dict[str, Any] = {
     "scaling.cooldownSeconds": 300,
 }
 
+# Schema maxima of crds/queue.yaml, by field path under spec: every interval is bounded,
+# so a typo (pollIntervalSeconds: 2147483647) is refused instead of silently never polling.
+TEN_YEARS = 315360000  # effectmq.protocol.MAX_DURATION
+QUEUE_MAXIMA: dict[str, int] = {
+    "lockTimeoutSeconds": TEN_YEARS,
+    "lockRefreshSeconds": TEN_YEARS,
+    "retry.initialDelaySeconds": TEN_YEARS,
+    "retry.maxDelaySeconds": TEN_YEARS,
+    "retention.completedSeconds": TEN_YEARS,
+    "retention.failedSeconds": TEN_YEARS,
+    "worker.terminationGracePeriodSeconds": 86400,  # a day of draining
+    "worker.progressDeadlineSeconds": 86400,
+    "scaling.pollIntervalSeconds": 3600,  # an hour: the oldest the backlog figures and scaling can be
+    "scaling.scaleDownStabilizationSeconds": 3600,  # the HPA's own bound of its stabilization window
+    "scaling.cooldownSeconds": 86400,
+}
+
 # A Queue's name is the value of its worker pods' app.kubernetes.io/instance label.
 MAX_QUEUE_NAME = 63
 
@@ -234,4 +251,7 @@ class _Reader:
             raise InvalidSpec(f"{self.path}.{key}: must be an integer")
         if value < minimum:
             raise InvalidSpec(f"{self.path}.{key}: must be >= {minimum}")
+        maximum = QUEUE_MAXIMA.get(self._default_key(key))
+        if maximum is not None and value > maximum:
+            raise InvalidSpec(f"{self.path}.{key}: must be <= {maximum}")
         return int(value)

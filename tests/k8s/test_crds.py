@@ -259,7 +259,45 @@ INVALID = {
         manifest(QUEUE, retention={"completedSeconds": 2 ** 40}),
         ["spec.retention.completedSeconds", "should be less than or equal to 315360000"],
     ),
+    # Issue 35, defect 8: accepted, then nothing ever scaled (the next poll was 68 years away).
+    "poll-interval-int32-max": (
+        manifest(QUEUE, scaling={"pollIntervalSeconds": 2147483647}),
+        ["spec.scaling.pollIntervalSeconds", "should be less than or equal to 3600"],
+    ),
+    "stabilization-over-an-hour": (
+        manifest(QUEUE, scaling={"scaleDownStabilizationSeconds": 3601}),
+        ["spec.scaling.scaleDownStabilizationSeconds", "should be less than or equal to 3600"],
+    ),
+    "cooldown-over-a-day": (
+        manifest(QUEUE, scaling={"cooldownSeconds": 86401}),
+        ["spec.scaling.cooldownSeconds", "should be less than or equal to 86400"],
+    ),
+    "progress-deadline-over-a-day": (
+        manifest(QUEUE, worker={"image": "w", "handlers": "a:b", "progressDeadlineSeconds": 86401}),
+        ["spec.worker.progressDeadlineSeconds", "should be less than or equal to 86400"],
+    ),
+    "grace-period-over-a-day": (
+        manifest(QUEUE, worker={"image": "w", "handlers": "a:b", "terminationGracePeriodSeconds": 86401}),
+        ["spec.worker.terminationGracePeriodSeconds", "should be less than or equal to 86400"],
+    ),
 }
+
+
+def _unbounded_intervals(schema: dict, path: str = "") -> list[str]:
+    found = []
+    for name, sub in (schema.get("properties") or {}).items():
+        where = f"{path}.{name}" if path else name
+        if name.endswith("Seconds") and sub.get("type") == "integer" and "maximum" not in sub:
+            found.append(where)
+        found += _unbounded_intervals(sub, where)
+    return found
+
+
+def test_every_interval_of_a_queue_has_a_maximum():
+    """Every `...Seconds` field of the Queue's spec is bounded (issue 35, defect 8)."""
+    body = yaml.safe_load((REPO_ROOT / "crds" / "queue.yaml").read_text())
+    spec = body["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert _unbounded_intervals(spec) == []
 
 
 def test_the_crd_bounds_durations_as_the_runtime_does():
@@ -339,6 +377,7 @@ QUEUE_STATUS = {
     "desiredReplicas": 3,
     "lastScaleTime": "2030-01-01T00:00:00Z",
     "lastScaleReason": "backlog 136 / target 50",
+    "lastPollTime": "2030-01-01T00:00:05Z",
 }
 
 SCHEDULE_STATUS = {

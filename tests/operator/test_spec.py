@@ -62,3 +62,36 @@ def test_prefetched_leases_count_toward_the_replicas_in_flight_work_occupies():
 def test_invalid_specs_name_the_field(spec, name, message):
     with pytest.raises(InvalidSpec, match=message):
         QueueSpec.parse(spec, name)
+
+
+def schema_maxima(schema: dict, path: str = "") -> dict:
+    out = {}
+    for name, sub in (schema.get("properties") or {}).items():
+        where = f"{path}.{name}" if path else name
+        if "maximum" in sub:
+            out[where] = sub["maximum"]
+        out.update(schema_maxima(sub, where))
+    return out
+
+
+def test_the_maxima_table_is_the_crds():
+    """Local runs (YAML that never met the API server) are bounded as the CRD bounds them."""
+    from effectmq_operator.spec import QUEUE_MAXIMA
+
+    assert QUEUE_MAXIMA == schema_maxima(SPEC_SCHEMA)
+
+
+@pytest.mark.parametrize("section, field, value, message", [
+    ("scaling", "pollIntervalSeconds", 2147483647, "spec.scaling.pollIntervalSeconds: must be <= 3600"),
+    ("scaling", "scaleDownStabilizationSeconds", 3601, "must be <= 3600"),
+    ("scaling", "cooldownSeconds", 86401, "spec.scaling.cooldownSeconds: must be <= 86400"),
+    ("worker", "progressDeadlineSeconds", 86401, "spec.worker.progressDeadlineSeconds: must be <= 86400"),
+])
+def test_intervals_beyond_their_bound_are_invalid(section, field, value, message):
+    """Issue 35, defect 8: pollIntervalSeconds 2147483647 was taken, then nothing ever scaled."""
+    spec = {**MINIMAL, "worker": {"image": "w", "handlers": "a:b"}, "scaling": {}}
+    spec[section] = {**spec[section], field: value}
+    with pytest.raises(InvalidSpec, match=message):
+        QueueSpec.parse(spec, "q")
+    spec[section][field] = 3600 if field != "progressDeadlineSeconds" else 86400
+    QueueSpec.parse(spec, "q")  # the bound itself is fine
