@@ -147,14 +147,12 @@ else
   table.sort(picks, function(a, b) return score_of[a] < score_of[b] end)
 end
 local taking = math.min(count, #picks)  -- the first picks
-local taken = {}  -- the ids leased here (still in Redis's waiting index until the writes go)
+local leased = {}  -- deadline, id pairs for the active index
+local deadline_text = int_text(deadline)  -- formatted once, as now_text()
+local first_lease = #out + 1  -- where the leases start in the reply
 if taking > 0 then
-  local leasing = {}
-  for i = 1, taking do leasing[i] = picks[i] end
-  zrem_all(K_WAITING, leasing)
+  zrem_all(K_WAITING, picks, 1, taking)
   local seq = take_seq(taking) - 1  -- one sequence number per lease token
-  local leased = {}  -- deadline, id pairs for the active index
-  local deadline_text = int_text(deadline)  -- formatted once, as now_text()
   local n = #out
   local NO_OPTIONS = {false, false, false}
   local attempt_was, attempt, attempt_text  -- the last attempt field read and what follows it
@@ -174,9 +172,6 @@ if taking > 0 then
         attempt_text = int_text(attempt)
       end
       local token = ARGV[3] .. ':' .. int_text(seq + i)
-      taken[id] = true
-      write_command({'HSET', key, 'state', 'active', 'token', token, 'lock_until', deadline_text,
-        'started_at', now_text(), 'attempt', attempt_text})
       leased[#leased + 1] = deadline_text
       leased[#leased + 1] = id
       out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = id, token, attempt, f[2], f[3]
@@ -186,7 +181,6 @@ if taking > 0 then
       emit('active', id, 'attempt', attempt)
     end
   end
-  for i = 1, #leased, 1000 do write('ZADD', K_ACTIVE, unpack(leased, i, math.min(i + 999, #leased))) end
 end
 
 -- Name the next ids: the candidates left over, then after the ids the last caller was
@@ -212,16 +206,22 @@ if #named < peek then
     end
     if before + peek - #named <= window then from, after = '(' .. last_text, last_score end
   end
-  local skip = 0  -- ids leased here that the range holds: it asks for as many more
+  local skip, taken = 0, nil  -- ids leased here that the range holds: it asks for as many more
   for i = 1, taking do
     if after == nil or pick_scores[i] > after then skip = skip + 1 end
+  end
+  if skip > 0 then  -- the ids leased here, to read past
+    taken = {}
+    for i = 1, taking do taken[picks[i]] = true end
   end
   local fresh = redis.call('ZRANGE', K_WAITING, from, '+inf', 'BYSCORE', 'LIMIT', '0', int_text(peek - #named + skip))
   if #fresh == 0 and from ~= '-inf' then
     fresh = redis.call('ZRANGE', K_WAITING, '-inf', '+inf', 'BYSCORE', 'LIMIT', '0', int_text(peek - #named + taking))
+    taken = {}
+    for i = 1, taking do taken[picks[i]] = true end
   end
   for i = 1, #fresh do
-    if not listed[fresh[i]] and not taken[fresh[i]] and #named < peek then named[#named + 1] = fresh[i] end
+    if not listed[fresh[i]] and not (taken and taken[fresh[i]]) and #named < peek then named[#named + 1] = fresh[i] end
   end
   if #fresh > 0 then  -- a hint: at maxmemory it may be this call's first write, and refused (FIRST_WRITE_FREES)
     hint('SET', K_PEEKED, ARGV[3] .. ' ' .. redis.call('ZSCORE', K_WAITING, fresh[#fresh]))
@@ -235,4 +235,18 @@ if out[3] >= 0 and out[3] <= now then  -- some delayed tasks are due: name them 
     if not promoted_scores[id] then out[6][#out[6] + 1] = id end  -- not those promoted here
   end
 end
-return finish(out)
+keep_receipt()
+flush_adds()
+flush_counts()
+commit_writes()
+-- The leases, written last and straight from the reply (every read of the call is done, so
+-- no write is queued for them: a copy per lease was most of what the queue cost here).
+local attempt_was, attempt_text
+for i = first_lease, #out, 10 do
+  if out[i + 2] ~= attempt_was then attempt_was, attempt_text = out[i + 2], int_text(out[i + 2]) end
+  redis.call('HSET', key_of[out[i]], 'state', 'active', 'token', out[i + 1], 'lock_until', deadline_text,
+    'started_at', now_text(), 'attempt', attempt_text)
+end
+for i = 1, #leased, 1000 do redis.call('ZADD', K_ACTIVE, unpack(leased, i, math.min(i + 999, #leased))) end
+send_hints()
+return out

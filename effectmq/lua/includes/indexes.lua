@@ -47,9 +47,10 @@ end
 
 -- ZREM many members (from the `from`th, default the first) without overflowing Lua's
 -- stack with unpack().
-local function zrem_all(index, members, from)
-  for i = from or 1, #members, 1000 do
-    write('ZREM', index, unpack(members, i, math.min(i + 999, #members)))
+local function zrem_all(index, members, from, to)
+  to = to or #members
+  for i = from or 1, to, 1000 do
+    write('ZREM', index, unpack(members, i, math.min(i + 999, to)))
   end
 end
 

@@ -12,17 +12,11 @@
 -- Notifications are hints (hint()): sent after the writes, through pcall, so a channel an
 -- ACL denies never fails a call. tests/runtime/test_write_rule.py injects an error at
 -- every step of every script up to its first write, and holds the rest to writes and hints.
--- FIRST_WRITE_FREES. Under maxmemory (noeviction) Redis refuses a command that may grow
--- memory only as a script's first write: later ones go through, or the script would stop
--- half done. The scripts that keep a running attempt alive or settle it (renew, complete,
--- fail, release, acquire's completions) first take the task out of the active index, a
--- write that frees, so a full Redis still lets the work in flight renew and finish, where
--- every attempt used to lose its lease and stall; offers and progress are refused. A
--- worker's announcement and a setting (pause) drop the old entry first, for the same
--- reason, and acquire's naming hint is written with pcall. As functions (Redis 7) the
--- same holds by flags: allow-oom on all but offer and progress, which a full Redis
--- refuses before they run (scripts.REFUSED_WHEN_FULL).
-
+-- FIRST_WRITE_FREES. Redis under maxmemory (noeviction) refuses a script only at its
+-- first write that may grow memory: the scripts that keep work in flight alive (renew,
+-- complete, fail, release, acquire's completions), a worker's announcement and a setting
+-- write first what frees, so a full Redis still lets them through; offers and progress are
+-- refused (scripts.REFUSED_WHEN_FULL; docs/protocol.md).
 local function write(...)
   call.writes[#call.writes + 1] = {...}
 end
@@ -46,12 +40,21 @@ local function take_seq(n)
 end
 
 -- Send the queued writes in order, then the hints (whose failure changes nothing).
-local function commit()
+-- commit_writes() and send_hints() are its two halves, for a script that writes more of
+-- its own between them (acquire's leases).
+local function commit_writes()
   for i = 1, #call.writes do redis.call(unpack(call.writes[i])) end
   if call.seq_used > 0 then
     redis.call('INCRBY', K_SEQ, int_text(call.seq_used))
     call.seq_base, call.seq_used = call.seq_base + call.seq_used, 0
   end
+  call.writes = {}
+end
+local function send_hints()
   for i = 1, #call.hints do redis.pcall(unpack(call.hints[i])) end
-  call.writes, call.hints = {}, {}
+  call.hints = {}
+end
+local function commit()
+  commit_writes()
+  send_hints()
 end
