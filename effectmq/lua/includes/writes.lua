@@ -4,8 +4,8 @@
 --- @include "time"
 
 -- VALIDATE BEFORE THE FIRST WRITE (runtime rule 7). Redis keeps what a script wrote before
--- it failed, so no script calls a write command itself: it queues it with write(), and
--- commit(), at its end (finish), sends the queued writes in order. Every read, decode,
+-- it failed, so a script queues its writes with write(), and commit(), at its end
+-- (finish), sends them in order (acquire then writes its leases itself, every read done). Every read, decode,
 -- encode and check of a call thus comes before its first write, and after that only
 -- writes whose arguments are already computed run: nothing that can fail. Reads see the
 -- state before the call; what the call itself changed it keeps in its own table (call.lua).
