@@ -258,3 +258,24 @@ def test_sync_facade_has_the_task_queues_signatures():
         sync = inspect.signature(getattr(effectmq.SyncTaskQueue, name))
         native = inspect.signature(getattr(effectmq.TaskQueue, name))
         assert list(sync.parameters.items()) == list(native.parameters.items()), name
+
+
+async def test_an_announcement_reads_no_other_workers_and_still_drops_expired_ones(make_queue):
+    """Suspected from reading 8519fde and confirmed: every announcement read the whole
+    workers hash (HGETALL), so W workers announcing cost O(W^2) per interval. Now it looks
+    at two other entries at random and drops those past their expiry."""
+    q = make_queue("announce")
+    for i in range(200):
+        await q.worker_beat(f"w{i}", 1, 4, 60)
+    await q.worker_beat("gone", 0, 4, 0.001)
+    await asyncio.sleep(0.01)
+    await q.redis.config_resetstat()
+    for _ in range(400):  # two random looks each: the expired entry is found, surely
+        await q.worker_beat("w0", 2, 4, 60)
+    stats = await q.redis.info("commandstats")
+    assert "cmdstat_hgetall" not in stats
+    workers = await q.workers()
+    assert "gone" not in workers and len(workers) == 200 and workers["w0"] == (2, 4)
+    assert not await q.redis.hexists(q.keys.key("workers"), "gone")
+    await q.worker_beat("w1", -1, 4, 60)  # leaving
+    assert "w1" not in await q.workers()
