@@ -214,7 +214,9 @@ def register(subparsers) -> None:
     add.add_argument("--missed", choices=MISSED_MODES, default="coalesce", help="what to do with missed ticks")
     add.add_argument("--max-backfill", type=int, default=10)
     add.add_argument("--starting-deadline", type=_optional(float), help="seconds; older ticks never run")
-    add.add_argument("--missed-after", type=float, default=60.0, help="seconds late before a tick counts as missed")
+    add.add_argument("--missed-after", type=float, default=60.0,
+                     help="seconds late before a tick counts as missed: the grace for a restart "
+                          "(ticks due while suspended are missed whatever their age)")
     add.add_argument("--suspend", action="store_true")
     _common(add)
     add.set_defaults(run=cmd_add)

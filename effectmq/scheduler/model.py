@@ -54,7 +54,9 @@ class ScheduleSpec:
     delay: float | None = None  # the task becomes ready this long after its tick
     missed: str = "coalesce"  # skip | coalesce | backfill
     max_backfill: int = 10
-    starting_deadline: float | None = None
+    starting_deadline: float | None = None  # seconds: an older tick never runs (counted as skipped)
+    # seconds late before a tick is missed (the policy decides): the grace of a restart or a
+    # leader change. A tick that fell due while suspended is missed whatever its age.
     missed_after: float = 60.0
     suspend: bool = False
     _timeline: Timeline = field(init=False, repr=False, compare=False)

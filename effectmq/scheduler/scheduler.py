@@ -6,8 +6,11 @@ deterministic ids (per queue, OFFER_SIZE ticks an offer, OFFERS_IN_FLIGHT at a t
 then advance each cursor by compare-and-set (`advance.lua`), GROUP_SCHEDULES
 schedules at a time until all that was due when the pass began is done. Any number
 of schedulers may run at once: offers are idempotent and only one cursor update per
-decision wins. A schedule that cannot run records its error and is retried later;
-it never holds up the others.
+decision wins. A schedule is decided with the Redis time its cursor was first read
+at (recorded with it, lua/lib.lua's decided_at), so every decision from one cursor is
+the same: a pass that stopped between its offers and its cursor update is redone with
+the same ticks, spans and counts, and no tick is counted twice. A schedule that
+cannot run records its error and is retried later; it never holds up the others.
 """
 
 from __future__ import annotations
@@ -401,13 +404,28 @@ class _Decider:
                 self.settled.append(Outcome(row.id, row.version, row.cursor_ms, row.cursor_ms, None))
                 continue
             max_age = max_ages[spec.queue]
-            key = (now, spec.timeline, spec.missed_policy, row.cursor_ms, max_age)
-            plan = self._plans.get(key)
-            if plan is None:
-                plan = self._plans[key] = policy.plan(spec.timeline, row.cursor_ms, now, spec.missed_policy,
-                                                      max_age=max_age)
+            plan = self._plan(spec, row, now, max_age)
+            if row.decided_ms is not None and row.decided_ms < now and plan.ticks \
+                    and now - plan.ticks[0].at * 1000 > max_age * 1000:
+                # Redoing that decision would offer a tick the queue may have forgotten (its
+                # dedup window): decided afresh instead, as before decisions were recorded.
+                plan = self._plan(spec, row, now, max_age, fresh=True)
             decisions.append(_Decision(row, spec, plan, [spec.offer(t, now) for t in plan.ticks], now))
         return decisions
+
+    def _plan(self, spec: ScheduleSpec, row: Row, now: int, max_age: float, *, fresh: bool = False) -> policy.Plan:
+        """The decision from the row's cursor, made with the Redis time its first reader
+        recorded (the same ticks, spans and counts for every pass from that cursor, also
+        one redoing a pass that stopped between its offers and its cursor update), or
+        with `now` when there is none (or it is later: Redis time went back) or `fresh`."""
+        assert row.cursor_ms is not None
+        at = now if fresh or row.decided_ms is None or not row.cursor_ms <= row.decided_ms <= now else row.decided_ms
+        key = (at, spec.timeline, spec.missed_policy, row.cursor_ms, max_age, row.suspended)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = policy.plan(spec.timeline, row.cursor_ms, at, spec.missed_policy,
+                                                  max_age=max_age, suspended=row.suspended)
+        return plan
 
 
 class _Outbox:

@@ -41,6 +41,10 @@ class Row(NamedTuple):
     spec: str
     version: str
     cursor_ms: int | None  # None: the stored cursor is not a number (reported, never used)
+    # The Redis time (ms) decisions from this version and cursor are made with (lua/lib.lua's
+    # decided_at): a pass that stopped after its offers is redone with the same ticks and counts.
+    decided_ms: int | None = None
+    suspended: tuple[int, int] | None = None  # the last suspension, (suspended at, resumed at) ms
 
 
 class DueBatch(NamedTuple):
@@ -166,7 +170,8 @@ class ScheduleStore:
         argv = ["" if upto_ms is None else upto_ms, "" if bound == "+inf" else bound, *candidates]
         reply = await self._call("due", candidates, argv)
         self._redis_clock_offset_ms = int(reply[0]) - _local_ms()
-        rows = [Row(reply[i], reply[i + 1], reply[i + 2], _int(reply[i + 3])) for i in range(2, len(reply), 4)]
+        rows = [Row(reply[i], reply[i + 1], reply[i + 2], _int(reply[i + 3]), _int(reply[i + 4]),
+                    _suspension(reply[i + 5])) for i in range(2, len(reply), 6)]
         upcoming = int(float(reply[1]))
         return DueBatch(int(reply[0]), None if upcoming < 0 else upcoming, rows)
 
@@ -182,18 +187,21 @@ class ScheduleStore:
         """
         ids = await self._read(self.client.zrangebyscore(self.due_key, "-inf", upto_ms, start=skip, num=batch))
         now, hashes = await self._hashes(ids)
-        rows = [Row(i, spec, version, _int(cursor)) for i, (spec, version, cursor) in zip(ids, hashes)
+        rows = [Row(i, spec, version, _int(cursor), _int(decided), _suspension(suspended))
+                for i, (spec, version, cursor, decided, suspended) in zip(ids, hashes)
                 if spec is not None and version is not None and cursor is not None]
         return DueBatch(now, None, rows), len(ids)
 
     async def rows(self, ids: Sequence[str]) -> DueBatch:
         """Chosen schedules, read atomically with Redis time (as `due` would return them)."""
         now, hashes = await self._hashes(ids)
-        rows = [Row(i, r[0], r[1] or "", _int(r[2])) for i, r in zip(ids, hashes) if r[0] is not None]
+        rows = [Row(i, r[0], r[1] or "", _int(r[2]), _int(r[3]), _suspension(r[4]))
+                for i, r in zip(ids, hashes) if r[0] is not None]
         return DueBatch(now, None, rows)
 
     async def _hashes(self, ids: Sequence[str]) -> tuple[int, list[list[str | None]]]:
-        """Redis time (ms) and each schedule's spec, version and cursor, read at one instant."""
+        """Redis time (ms) and each schedule's spec, version, cursor, decision time and last
+        suspension (see read.lua), read at one instant."""
         now, *hashes = await self._call("read", ids, ids)
         return int(now), hashes
 
@@ -234,6 +242,13 @@ def _int(value: str | None) -> int | None:
         return int(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
+
+
+def _suspension(value: str | None) -> tuple[int, int] | None:
+    """(suspended at, resumed at) from lua/lib.lua's suspension(); None when there is none."""
+    since, _, until = (value or "").partition(":")
+    start, end = _int(since), _int(until)
+    return None if start is None or end is None else (start, end)
 
 
 def parse_status(schedule_id: str, h: dict[str, str]) -> ScheduleStatus:

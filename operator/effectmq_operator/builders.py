@@ -214,6 +214,8 @@ def schedule_spec(namespace: str, name: str, spec: dict) -> dict:
         "missed": str(spec.get("missedTicks", "Coalesce")).lower(),
         "max_backfill": int(spec.get("maxBackfill", 10)),
         "starting_deadline": spec.get("startingDeadlineSeconds"),
+        # how late a tick still runs as on time (a restart, a leader change); 60: the CRD's default
+        "missed_after": float(spec.get("missedAfterSeconds", 60)),
         "suspend": bool(spec.get("suspend", False)),
     }
     return out

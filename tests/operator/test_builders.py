@@ -152,12 +152,16 @@ def test_one_warning_per_outage_and_one_per_new_mistake():
 @pytest.mark.parametrize("spec, expected", [
     ({"queueRef": {"name": "emails"}, "schedule": "0 2 * * *", "task": {"name": "send_report"}},
      {"queue": "shop/emails", "cron": "0 2 * * *", "timezone": "UTC", "missed": "coalesce", "suspend": False,
-      "payload": None, "max_backfill": 10, "starting_deadline": None}),
+      "payload": None, "max_backfill": 10, "starting_deadline": None, "missed_after": 60.0}),
     ({"queueRef": {"name": "q"}, "schedule": "*/5 * * * * *", "timeZone": "Europe/Berlin",
       "task": {"name": "t", "payload": {"a": 1}, "priority": 3, "maxRetries": 2, "delaySeconds": 5},
-      "missedTicks": "Backfill", "maxBackfill": 4, "startingDeadlineSeconds": 600, "suspend": True},
+      "missedTicks": "Backfill", "maxBackfill": 4, "startingDeadlineSeconds": 600, "missedAfterSeconds": 300,
+      "suspend": True},
      {"queue": "shop/q", "timezone": "Europe/Berlin", "payload": {"a": 1}, "priority": 3, "max_retries": 2,
-      "delay": 5, "missed": "backfill", "max_backfill": 4, "starting_deadline": 600, "suspend": True}),
+      "delay": 5, "missed": "backfill", "max_backfill": 4, "starting_deadline": 600, "missed_after": 300.0,
+      "suspend": True}),
+    ({"queueRef": {"name": "q"}, "schedule": "@hourly", "task": {"name": "t"}, "missedAfterSeconds": 0},
+     {"missed_after": 0.0}),  # every late tick is missed
 ])
 def test_schedule_resource_to_scheduler_definition(spec, expected):
     from effectmq.scheduler.model import ScheduleSpec
@@ -166,3 +170,21 @@ def test_schedule_resource_to_scheduler_definition(spec, expected):
     assert out["id"] == "shop/nightly"
     assert {k: out[k] for k in expected} == expected
     ScheduleSpec.from_json(out)  # the scheduler accepts it as is
+
+
+def test_the_schedule_crd_states_the_schedulers_defaults_and_bounds():
+    """missedAfterSeconds (issue 35, defect 3: the 60 s grace could not be set from the
+    CRD): its default and maximum are the scheduler's, and the chart's copy is the CRD."""
+    from effectmq.scheduler.model import MAX_MISSED_AFTER, ScheduleSpec
+
+    text = (ROOT / "crds/schedule.yaml").read_text()
+    assert (ROOT / "charts/effectmq/crds/schedule.yaml").read_text() == text
+    fields = yaml.safe_load(text)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    grace = fields["missedAfterSeconds"]
+    assert (grace["default"], grace["minimum"], grace["maximum"]) == (60, 0, MAX_MISSED_AFTER)
+    minimal = {"queueRef": {"name": "q"}, "schedule": "@hourly", "task": {"name": "t"}}
+    assert builders.schedule_spec("shop", "s", minimal)["missed_after"] == grace["default"]
+    assert builders.schedule_spec("shop", "s", {**minimal, "missedAfterSeconds": grace["default"]}) == \
+        builders.schedule_spec("shop", "s", minimal)  # defaulted by the API server or not: one definition
+    assert ScheduleSpec(id="x", queue="q", cron="@hourly", task="t").missed_after == grace["default"]
+    ScheduleSpec.from_json(builders.schedule_spec("shop", "s", {**minimal, "missedAfterSeconds": grace["maximum"]}))

@@ -127,3 +127,53 @@ def test_sub_second_cursor_and_now():
     assert at(d) == ["2024-05-01T12:00:01Z"]
     d = plan(PER_SECOND, T("2024-05-01T12:00:01Z") * 1000, T("2024-05-01T12:00:01Z") * 1000 + 999, MissedPolicy())
     assert d.ticks == ()
+
+
+# A suspension from 10:00:10.5 to 10:00:40.2 of a per-second schedule, decided at 10:00:45.
+SUSPENDED = (T("2024-05-01T10:00:10Z") * 1000 + 500, T("2024-05-01T10:00:40Z") * 1000 + 200)
+
+
+def seconds(first: str, last: str) -> list[str]:
+    return [Z(t) for t in range(T(first), T(last) + 1)]
+
+
+@pytest.mark.parametrize("mode", ["skip", "coalesce", "backfill"])
+def test_ticks_due_while_suspended_are_missed_whatever_their_age(mode):
+    """Issue 35, defect 3: every tick here is less than 60 s late, and those of the
+    suspension are missed all the same; those before it and after the resume are on time."""
+    d = plan(PER_SECOND, T("2024-05-01T10:00:00Z") * 1000, T("2024-05-01T10:00:45Z") * 1000,
+             MissedPolicy(mode=mode, max_backfill=3), suspended=SUSPENDED)
+    before = seconds("2024-05-01T10:00:01Z", "2024-05-01T10:00:10Z")  # due before the suspension, not settled
+    after = seconds("2024-05-01T10:00:41Z", "2024-05-01T10:00:45Z")
+    missed = {"skip": [], "coalesce": ["2024-05-01T10:00:40Z"],
+              "backfill": seconds("2024-05-01T10:00:38Z", "2024-05-01T10:00:40Z")}[mode]
+    assert at(d) == before + missed + after
+    assert (d.skipped, d.coalesced, d.backfilled) == {"skip": (30, 0, 0), "coalesce": (0, 29, 0),
+                                                      "backfill": (27, 0, 3)}[mode]
+    if mode == "coalesce":
+        assert d.ticks[len(before)].span == Span(T("2024-05-01T10:00:11Z"), T("2024-05-01T10:00:40Z"), 30)
+    assert d.cursor_ms == T("2024-05-01T10:00:45Z") * 1000
+
+
+def test_a_suspension_after_missed_ticks_makes_one_missed_stretch():
+    # down since 09:58 (ticks up to 09:59:45 are 60 s late or more), then suspended: one span
+    d = plan(PER_SECOND, T("2024-05-01T09:58:00Z") * 1000, T("2024-05-01T10:00:45Z") * 1000, MissedPolicy(),
+             suspended=SUSPENDED)
+    assert at(d) == ["2024-05-01T10:00:40Z"] + seconds("2024-05-01T10:00:41Z", "2024-05-01T10:00:45Z")
+    assert d.ticks[0].span == Span(T("2024-05-01T09:58:01Z"), T("2024-05-01T10:00:40Z"), 160)
+
+
+def test_a_settled_suspension_changes_nothing():
+    cursor, now = T("2024-05-01T10:00:40Z") * 1000, T("2024-05-01T10:00:45Z") * 1000
+    assert plan(PER_SECOND, cursor, now, MissedPolicy(mode="skip"), suspended=SUSPENDED) == \
+        plan(PER_SECOND, cursor, now, MissedPolicy(mode="skip"))
+    assert at(plan(PER_SECOND, cursor, now, MissedPolicy(mode="skip"), suspended=SUSPENDED)) == \
+        seconds("2024-05-01T10:00:41Z", "2024-05-01T10:00:45Z")
+
+
+def test_a_starting_deadline_still_drops_ticks_of_a_suspension():
+    d = plan(PER_SECOND, T("2024-05-01T10:00:00Z") * 1000, T("2024-05-01T10:00:45Z") * 1000,
+             MissedPolicy(starting_deadline=20), suspended=SUSPENDED)
+    # 10:00:25 is exactly 20 s old (kept); older ones are stale, the rest of the suspension coalesces
+    assert at(d) == ["2024-05-01T10:00:40Z"] + seconds("2024-05-01T10:00:41Z", "2024-05-01T10:00:45Z")
+    assert d.ticks[0].span == Span(T("2024-05-01T10:00:25Z"), T("2024-05-01T10:00:40Z"), 16) and d.skipped == 24

@@ -11,7 +11,7 @@ import redis
 import effectmq
 from effectmq.scheduler import InvalidSchedule, Scheduler, ScheduleSpec, store
 
-from .support import Z, clear_of_boundary, redis_now_ms, rewind
+from .support import T, Z, clear_of_boundary, redis_now_ms, rewind
 
 
 def minutely(schedule_id: str, queue: str, **options) -> ScheduleSpec:
@@ -386,3 +386,139 @@ async def test_a_full_redis_delays_ticks_and_loses_none(scheduler, make_queue, r
     assert [m.task_id for m in report.materialized] == expected
     assert await task_ids(q) == expected
     assert (await scheduler.tick()).materialized == []  # each tick once
+
+
+def _span_ticks(task) -> set[int]:
+    """The tick instants (s) a materialized task stands for: its own, or its span's."""
+    span = task.payload.get("span")
+    if span is None:
+        return {T(task.payload["tick"])}
+    return set(range(T(span["first"]), T(span["last"]) + 1))  # per-second schedules only
+
+
+@pytest.mark.parametrize("mode", ["skip", "coalesce"])
+async def test_ticks_that_fell_due_while_suspended_follow_the_policy_whatever_their_age(scheduler, make_queue,
+                                                                                        mode):
+    """Issue 35, defect 3. Was: a resume fired every tick of the last 60 s, even with
+    `skip` (a 75 s suspension of a */3 s Schedule created 20 tasks at resume): ticks less
+    than `missed_after` late counted as on time, right after a restart, wrong after a
+    deliberate suspension."""
+    q = make_queue(f"susp-{mode}")
+    sid = f"susp-age/{mode}"
+    await scheduler.put(per_second(sid, q.name, missed=mode))
+    await asyncio.sleep(1.1)
+    await scheduler.tick()
+    suspended = await scheduler.put(per_second(sid, q.name, missed=mode, suspend=True))
+    after_suspend = await redis_now_ms(scheduler) // 1000
+    before = {t.task_id for t in await q.list_tasks("waiting", limit=5000)}
+    await asyncio.sleep(3.2)  # three or four ticks fall due while suspended, all younger than 60 s
+    before_resume = await redis_now_ms(scheduler) // 1000
+    status = await scheduler.put(per_second(sid, q.name, missed=mode))
+    created = [await q.get(tid) for tid in await task_ids(q) if tid not in before]
+    suspended_ticks = set(range(after_suspend + 1, before_resume + 1))  # certainly after the suspension
+    assert len(suspended_ticks) >= 3
+    if mode == "skip":
+        assert not [t.task_id for t in created if _span_ticks(t) & suspended_ticks]
+        assert status.skipped >= len(suspended_ticks)
+    else:
+        coalescing = [t for t in created if "span" in t.payload]
+        assert len(coalescing) == 1, [t.payload for t in created]
+        span = coalescing[0].payload["span"]
+        covered = _span_ticks(coalescing[0])
+        assert suspended_ticks <= covered and span["count"] == len(covered)
+        assert min(covered) > int(suspended.cursor.timestamp())  # nothing settled before is counted again
+        assert status.coalesced == span["count"] - 1
+        # the only other tasks: ticks after the resume, on time
+        assert all(_span_ticks(t) and min(_span_ticks(t)) > before_resume for t in created if t is not coalescing[0])
+
+
+@pytest.mark.parametrize("mode", ["skip", "coalesce", "backfill"])
+async def test_a_pass_killed_between_offer_and_advance_is_redone_with_the_same_counts(make_queue, redis_url, mode):
+    """Issue 35, defect 6. Was: after a leader stopped between its offers and its cursor
+    update, the next leader decided afresh at a later time, so a coalesced span (or
+    Skip's `skipped`) counted ticks the first pass had already run as tasks (`span.count`
+    45 with 44 missing): a handler trusting span.count did one tick twice."""
+    q = make_queue(f"redo-{mode}")
+    sid = f"redo/{mode}"
+
+    async def killed(outcomes):
+        raise asyncio.CancelledError("leader stopped before its cursor update")
+
+    async with Scheduler(redis_url, namespace="redo") as doomed, Scheduler(redis_url, namespace="redo") as survivor:
+        spec = per_second(sid, q.name, missed=mode, max_backfill=2, missed_after=2)
+        await survivor.put(spec)
+        start = await rewind(survivor, sid, 10)  # 10 s down: some ticks missed, the last two on time
+        doomed.store.advance = killed  # type: ignore[method-assign]
+        with pytest.raises(asyncio.CancelledError):
+            await doomed.tick()
+        first = set(await task_ids(q))
+        assert first and (await survivor.status(sid)).cursor.timestamp() * 1000 == start  # the cursor did not move
+        await asyncio.sleep(3.5)  # the first pass's on-time ticks are now more than missed_after late
+        redo = await survivor.tick()  # the killed pass, redone: the same ticks, none created again
+        assert {m.task_id: m.created for m in redo.materialized} == dict.fromkeys(first, False)
+        for _ in range(2):
+            await survivor.tick()
+        status = await survivor.status(sid)
+
+    tasks = [await q.get(tid) for tid in await task_ids(q)]
+    assert first <= {t.task_id for t in tasks}
+    covered = [_span_ticks(t) for t in tasks]
+    every = set(range(start // 1000 + 1, int(status.cursor.timestamp()) + 1))  # the ticks settled since `start`
+    assert sum(len(c) for c in covered) == len(set().union(*covered)), \
+        f"a tick counted twice: {[t.payload for t in tasks]}"
+    assert set().union(*covered) <= every
+    ran = set().union(*covered)
+    # each settled tick is counted once: its own task, a span, or skipped
+    assert status.materialized == len(tasks)
+    assert status.skipped == len(every - ran)
+    assert status.materialized + status.coalesced + status.skipped == len(every)
+
+
+async def test_put_records_the_suspension_a_resume_ends(scheduler):
+    """The bookkeeping behind defect 3's fix: a suspension is (suspended_at, resumed_at];
+    one that begins before the last one's ticks were settled extends it; a schedule
+    suspended before suspensions were recorded is missed from its cursor."""
+    store, sid = scheduler.store, "susp-book/s"
+
+    async def window() -> tuple[int, int] | None:
+        return (await store.rows([sid])).rows[0].suspended
+
+    version, cursor, created = await store.put(per_second(sid, "q", suspend=True))
+    since = int(await scheduler.redis.hget(store.key(sid), "suspended_at"))
+    assert since == created and await window() is None  # not resumed yet: no window
+    _, _, resumed = await store.put(per_second(sid, "q"))
+    assert await window() == (since, resumed)
+    await store.put(per_second(sid, "q", payload={"edit": 1}))  # an edit that is no resume
+    assert await window() == (since, resumed)
+    await store.put(per_second(sid, "q", suspend=True))  # again before a pass settled the first one
+    _, _, again = await store.put(per_second(sid, "q"))
+    assert await window() == (since, again)
+
+    await asyncio.sleep(1.1)
+    assert (await scheduler.put(per_second(sid, "q"))).cursor.timestamp() * 1000 > again  # a pass settled it
+    await store.put(per_second(sid, "q", suspend=True))
+    later = int(await scheduler.redis.hget(store.key(sid), "suspended_at"))
+    assert later > again
+
+    await scheduler.redis.hdel(store.key(sid), "suspended_at", "resumed_at")  # as stored before this change
+    cursor = int(await scheduler.redis.hget(store.key(sid), "cursor"))
+    _, _, resumed = await store.put(per_second(sid, "q"))
+    assert await window() == (cursor, resumed)
+
+
+async def test_a_recorded_decision_too_old_to_redo_safely_is_made_afresh(scheduler, make_queue):
+    """A pass redone long after it was decided would re-offer ticks the queue's dedup window
+    may have forgotten (a finished task would run again): then it is decided afresh, and
+    every tick offered is still within what the window protects."""
+    q = make_queue("redo-old")
+    await q.configure(dedup_window=600)  # a re-offer is safe up to 540 s after its tick
+    await scheduler.put(per_second("redo/old", q.name, missed="backfill", max_backfill=1000))
+    cursor = await rewind(scheduler, "redo/old", 600)
+    version = await scheduler.redis.hget(scheduler.store.key("redo/old"), "version")
+    decided = cursor + 550_000  # a pass 50 s ago decided from this cursor (ticks up to 540 s old), then stopped
+    await scheduler.redis.hset(scheduler.store.key("redo/old"), "decided_at", f"{decided}:{version}:{cursor}")
+    report = await scheduler.tick()
+    now = report.now.timestamp()
+    ages = [now - m.tick.timestamp() for m in report.materialized]
+    assert ages and max(ages) <= 540
+    assert max(m.tick.timestamp() for m in report.materialized) * 1000 > decided  # decided at now, not then

@@ -1,6 +1,8 @@
 --[[ advance: record the outcome of a pass, one compare-and-set per schedule.
 Called only after the ticks were offered, so a crash before it re-offers the same
-task ids (harmless); a scheduler whose view is stale changes nothing.
+task ids (harmless): the next pass decides from the same cursor at the same Redis time
+(lib.lua's decided_at), so the same ticks with the same spans and counts. A scheduler
+whose view is stale changes nothing.
 KEYS: the scheduler keys of lib.lua, then the hash of each schedule in ARGV[1].
 ARGV[1] JSON array of outcomes, one object per schedule (times are strings of ms):
   id, version   the schedule and the definition version the decision used
@@ -43,7 +45,7 @@ for i, o in ipairs(cjson.decode(ARGV[1])) do
     write('ZADD', K_DUE, o.cursor, o.id)
     result = -3
   else
-    local fields = {'cursor', o.cursor, 'updated_at', now}
+    local fields = {'cursor', o.cursor, 'updated_at', now, 'decided_at', ''}  -- the next cursor's decision is new
     if o.last_tick then
       fields[#fields + 1] = 'last_tick'; fields[#fields + 1] = o.last_tick
       fields[#fields + 1] = 'last_task_id'; fields[#fields + 1] = o.task

@@ -6,10 +6,13 @@ ARGV[1] upto ('' for none): only schedules due at or before this time (ms), when
         before now: a pass taken in slices reads what was due when it began, and ends
 ARGV[2] bound ('' for none): the candidates are the earliest entries scored at or before it
 ARGV[3..] the candidates' ids, earliest first (at most a batch)
-Returns: {now, next, id1, spec1, version1, cursor1, id2, ...}
-  now  = Redis time (ms) the caller must decide with
+Returns: {now, next, id1, spec1, version1, cursor1, decided1, suspension1, id2, ...}
+  now  = Redis time (ms)
   next = the earliest fire time after min(now, upto, bound) (ms), -1 if none: when the
          caller's bound fell short of Redis time, the schedules due after it come next
+  decided = the Redis time (ms) to decide this schedule with (lib.lua's decided_at: now,
+         unless a decision from this version and cursor was read before)
+  suspension = lib.lua's suspension(): "<suspended_at>:<resumed_at>" or ''
 A candidate no longer in the due zset, or due later, is passed over. Costs O(candidates
 * log n). A hash written without version or cursor (by hand) gets version 1 and a
 cursor of now.
@@ -24,7 +27,7 @@ for i = 3, #ARGV do
   local key = schedule_key(id)
   local score = tonumber(redis.call('ZSCORE', K_DUE, id))
   if score and score <= upto then
-    local row = redis.call('HMGET', key, 'spec', 'version', 'cursor')
+    local row = redis.call('HMGET', key, 'spec', 'version', 'cursor', 'decided_at', 'suspended_at', 'resumed_at')
     if row[1] and not (row[2] and row[3]) then  -- what HSETNX will leave there
       if not row[2] then write('HSET', key, 'version', 1); row[2] = '1' end
       if not row[3] then write('HSET', key, 'cursor', now); row[3] = string.format('%d', now) end
@@ -35,6 +38,8 @@ for i = 3, #ARGV do
       out[#out + 1] = row[1]
       out[#out + 1] = row[2]
       out[#out + 1] = row[3]
+      out[#out + 1] = decided_at(key, row[2], row[3], row[4], now)
+      out[#out + 1] = suspension(row[5], row[6])
     else
       forget(id) -- its hash is gone: nothing to schedule
     end

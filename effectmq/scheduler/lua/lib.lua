@@ -11,7 +11,9 @@ Every script receives these KEYS (all share the hash tag {<prefix>-sched:<namesp
 A schedule hash holds: spec (JSON), version, timing (cron|zone), cursor (ms: ticks at
 or before it are settled), suspended, next_tick, last_tick, last_task_id, counters
 materialized/skipped/coalesced/backfilled, last_error, last_error_at, created_at,
-updated_at. All times come from Redis TIME, in milliseconds.
+updated_at, decided_at (see decided_at below), suspended_at and resumed_at (the last
+suspension: the ticks between them are missed whatever their age). All times come
+from Redis TIME, in milliseconds.
 ]]
 local K_DUE, K_INDEX, K_CHANGES = KEYS[1], KEYS[2], KEYS[3]
 local BASE = string.sub(K_DUE, 1, -4) -- the due key less "due": "{<prefix>-sched:<ns>}:"
@@ -56,4 +58,27 @@ end
 local function forget(id)
   write('ZREM', K_DUE, id)
   write('ZREM', K_CHANGES, id)
+end
+
+-- The Redis time every decision from a schedule's version and cursor is made with: the
+-- first read of them fixes it (field decided_at = "<ms>:<version>:<cursor>"), so every
+-- pass deciding from that cursor decides the same ticks, spans and counts, and a pass
+-- that stopped after its offers and before its cursor update is redone exactly, by
+-- whichever scheduler comes next. advance clears it when it commits a cursor.
+local function decided_at(key, version, cursor, stamp, now)
+  local suffix = ':' .. version .. ':' .. cursor
+  if stamp and #stamp > #suffix and string.sub(stamp, -#suffix) == suffix then
+    return string.sub(stamp, 1, #stamp - #suffix)
+  end
+  local ms = string.format('%d', now)
+  write('HSET', key, 'decided_at', ms .. suffix)
+  return ms
+end
+
+-- The last suspension as "<suspended_at>:<resumed_at>", '' if none ended yet.
+local function suspension(since, ended)
+  if since and ended and tonumber(since) and tonumber(ended) then
+    return since .. ':' .. ended
+  end
+  return ''
 end
