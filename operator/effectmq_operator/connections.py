@@ -10,6 +10,11 @@ A Redis that did not answer is tried again by one poll at a time: while that pol
 is in flight, the other Queues there report the same problem at once instead of
 each holding a poll slot until its timeout.
 
+Several URLs may reach one Redis (a short and a fully qualified Service name, an
+IP, with or without `/0`, a Secret rotated in one namespace first, other TLS
+options): each is its own RedisTarget (its own client), and `identity` tells which
+of them share one scheduler store.
+
 Credentials stay inside: every message that leaves this module is scrubbed of
 the URL's secrets.
 """
@@ -21,6 +26,7 @@ import base64
 import binascii
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, TypeVar
 
@@ -28,7 +34,7 @@ from kubernetes.client.rest import ApiException
 import redis.asyncio as aioredis
 
 import effectmq
-from effectmq.connection import TlsOptions, connect
+from effectmq.connection import RedisErrors, TlsOptions, connect
 from effectmq.redaction import SCHEMES, redact_url, scrub, url_secrets
 from effectmq.scheduler import Scheduler
 
@@ -40,6 +46,7 @@ from .status import Problem
 log = logging.getLogger("effectmq.operator.connections")
 T = TypeVar("T")
 SCHEDULER_NAMESPACE = "k8s"  # schedules live under {emq-sched:k8s} in each Queue's Redis
+STORE_ID = "id"  # {emq-sched:k8s}:id: the identity of that store (no scheduler script touches it)
 CONNECTIONS_PER_REDIS = 8  # also the polls at once per Redis: each uses one connection at a time
 IDLE_CLIENT = 600.0  # seconds unused after which a Redis client is closed (a slower poll just reconnects)
 SLOT_WAIT = 1.0  # seconds without any poll finishing on a Redis after which one waiting for a turn gives up
@@ -75,7 +82,8 @@ class _Reach:
 
 @dataclass(frozen=True)
 class RedisTarget:
-    """One Redis as the operator connects to it."""
+    """One Redis as the operator connects to it (one URL and TLS settings: two targets
+    may reach the same Redis; `Connections.identity` tells)."""
 
     url: str = field(repr=False)
     tls: TlsOptions = TlsOptions()
@@ -104,6 +112,7 @@ class Connections:
         self._reads: dict[tuple[str, str], asyncio.Future] = {}  # Secrets being read now
         self._reach: dict[RedisTarget, _Reach] = {}
         self._used: dict[RedisTarget, float] = {}  # when each Redis was last used
+        self._identities: dict[RedisTarget, str] = {}  # the scheduler store each target reached, as last read
         self._idle_checked = clock()
 
     # -- Secrets (kept current by the watch) --------------------------------------
@@ -204,6 +213,33 @@ class Connections:
             self._schedulers[target] = scheduler
         return scheduler
 
+    async def identity(self, target: RedisTarget) -> str:
+        """The identity of the scheduler store `target` reaches, read now: the same for
+        every URL of one Redis database, another for another database or server.
+
+        A random id written into the scheduler namespace on first use (SET NX), so
+        every client of that Redis reads the one that won. It lives with the schedules:
+        it survives a restart with persistence and a failover (replicated), where the
+        server's run_id changes (and run_id is one for every database of a server); a
+        Redis that lost its schedules (flushed, restarted empty) gets a new one."""
+        store = self.scheduler(target).store
+        key = store.base + STORE_ID
+        with RedisErrors(store.client, f"at {redact_url(target.url)} (the scheduler store's identity)"):
+            while True:  # once, unless the key goes between a SET NX that lost and the GET after it
+                found = await store.client.get(key)
+                if found is None:
+                    new = uuid.uuid4().hex
+                    if await store.client.set(key, new, nx=True):
+                        found = new
+                if found is not None:
+                    break
+        self._identities[target] = found
+        return found
+
+    def known_identity(self, target: RedisTarget) -> str | None:
+        """The identity `target` last read (None: never read, or its client was closed)."""
+        return self._identities.get(target)
+
     def _touch(self, target: RedisTarget) -> None:
         """Note a use of `target`; close the clients of Redis targets nobody used for IDLE_CLIENT
         (a rotated Secret leaves its old URL behind, a Queue moves or goes away)."""
@@ -216,6 +252,7 @@ class Connections:
             del self._used[idle]
             self._reach.pop(idle, None)
             self._schedulers.pop(idle, None)
+            self._identities.pop(idle, None)
             for key in [k for k in self._queues if k[0] == idle]:
                 del self._queues[key]
             client = self._clients.pop(idle, None)
@@ -290,5 +327,6 @@ class Connections:
         clients, self._clients = self._clients, {}
         self._queues.clear()
         self._schedulers.clear()
+        self._identities.clear()
         for target, client in clients.items():
             await self._close_client(target, client)

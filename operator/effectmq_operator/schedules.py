@@ -2,10 +2,22 @@
 Redis, ticks materialized there, the scheduler's state mirrored into each status.
 
 Level-based, without a finalizer: the schedules stored in a Redis are kept equal
-to the live Schedule resources whose Queue exists. A Schedule deleted while the
-operator was down, or whose Queue is gone, is removed by that comparison before
+to the live Schedule resources whose Queue exists there. A Schedule deleted while
+the operator was down, or whose Queue is gone, is removed by that comparison before
 the first tick pass on that Redis, so it never fires again. (A finalizer would
 block namespace deletion whenever the operator is not running.)
+
+"There" is the Redis, not the URL: Queues may reach one Redis through several URLs
+(a short and a fully qualified Service name, an IP, `:6379` and `:6379/0`, a Secret
+rotated in one namespace first, other TLS options). Each URL has its own client and
+tick loop, but the comparison keeps every schedule whose Queue's URL reaches the
+same scheduler store (its identity, `Connections.identity`), and of the loops on one
+store only one runs the tick passes while its passes succeed. A Schedule whose
+record is gone all the same (removed by hand or by another operator, the Redis
+flushed) is stored again: each tick loop notices a change in the number of
+schedules stored and nudges those of its Schedules whose record is missing, and
+every reconcile reads the record it would otherwise only report. While it cannot be
+stored again the Schedule is Ready=False (ScheduleMissing), with a Warning.
 
 Tick task ids are deterministic, so two operator replicas (or a leader handover
 mid-pass) never create a tick's task twice. Each Redis has its own tick loop with
@@ -26,8 +38,9 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+import effectmq
 from effectmq.scheduler.errors import InvalidSchedule
 from effectmq.scheduler.model import ScheduleSpec
 
@@ -37,7 +50,7 @@ from . import control
 from .controller import QueueController
 from .kube import Kube, NotLeader, describe_failure
 from .spec import InvalidSpec, QueueSpec
-from .status import Check, Problem, conditions, problem_event, schedule_progress
+from .status import Check, Event, Problem, conditions, problem_event, schedule_progress
 from .workqueue import Key, Registry, WorkQueue, backoff, key_of
 
 log = logging.getLogger("effectmq.operator.schedules")
@@ -48,6 +61,7 @@ MIRROR_RESYNC_EVERY = 300.0  # seconds between full mirror rounds
 MIRROR_BATCH = 1000  # changes read, and schedules compared by a full round, per mirror round
 MIRROR_WRITES_AT_ONCE = 16  # status patches in flight per mirror round (the API pool has 32 threads)
 TICK_FAILURES_SHOWN = 2  # tick passes failed in a row before the Schedules there say so (one blip is not news)
+IDENTITY_WAIT = 2.0  # seconds garbage collection waits for the store identity of another Queue's Redis
 
 
 @dataclass
@@ -55,6 +69,10 @@ class ScheduleRuntime:
     placed: RedisTarget | None = None  # where the definition is stored
     stored: str | None = None  # the definition as last stored there (JSON)
     mirrored_at: float | None = None  # monotonic time its ticks were last copied into the status
+
+
+class _Missing(Exception):
+    """A Schedule's stored record is gone and storing it again failed (the cause)."""
 
 
 @dataclass
@@ -85,6 +103,8 @@ class ScheduleController:
         self._tickers: dict[RedisTarget, asyncio.Task] = {}
         self._feeds: dict[RedisTarget, MirrorFeed] = {}
         self._tick_problems: dict[RedisTarget, Problem] = {}  # why a Redis' tick passes fail, while they do
+        self._stored_counts: dict[RedisTarget, int] = {}  # schedules stored there when its records were last checked
+        self._last_pass: dict[str, tuple[RedisTarget, float]] = {}  # store identity -> who last passed there, when
         self._removals: set[asyncio.Task] = set()
         queues.listeners.append(self._queue_changed)
 
@@ -199,20 +219,38 @@ class ScheduleController:
                 checks.append(Check.of("RedisReachable", False, unusable.reason, unusable.message))
                 problem = problem or unusable
         retry = False
+        notices: list[Event] = []
         self.kube.check_leader()
         try:
             if rt.placed is not None and (definition is None or target is None or rt.placed != target):
-                await self.connections.scheduler(rt.placed).remove(builders.schedule_id(*key))
-                rt.placed, rt.stored = None, None
+                if definition is not None and target is not None and await self._same_store(rt.placed, target):
+                    rt.placed = target  # another URL of the same Redis: the record stays as it is
+                else:
+                    await self.connections.scheduler(rt.placed).remove(builders.schedule_id(*key))
+                    rt.placed, rt.stored = None, None
             if definition is not None and target is not None:
                 stored = json.dumps(definition.to_json(), sort_keys=True)
                 scheduler = self.connections.scheduler(target)
-                if rt.stored != stored:
-                    state = await scheduler.put(definition)
+                state = await scheduler.status(definition.id) if rt.stored == stored else None
+                if state is None:
+                    missing = rt.stored == stored  # stored this term, unchanged, and gone since
+                    try:
+                        state = await scheduler.put(definition)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:
+                        if missing:
+                            raise _Missing() from exc
+                        raise
                     rt.placed, rt.stored = target, stored
-                    log.info("schedule %s/%s stored in %r", namespace, name, target)
-                else:
-                    state = await scheduler.status(definition.id)
+                    if missing:
+                        log.warning("schedule %s/%s was missing from %r: stored again", namespace, name, target)
+                        notices.append(Event("Warning", "ScheduleRestored", (
+                            "the schedule was missing from its Queue's Redis (removed outside this Schedule: by hand, "
+                            "by another operator, or the Redis lost its data) and was stored again; ticks due "
+                            "while it was missing were not materialized")))
+                    else:
+                        log.info("schedule %s/%s stored in %r", namespace, name, target)
                 if state is not None:
                     progress = schedule_progress(state)
                 checks.append(Check.of("RedisReachable", True, "Connected", "schedule stored in the Queue's Redis"))
@@ -222,16 +260,31 @@ class ScheduleController:
                 problem = problem or failing
         except asyncio.CancelledError:
             raise
+        except _Missing as exc:
+            why = self.connections.problem(exc.__cause__ or exc, target)
+            checks.append(Check.of("RedisReachable", False, why.reason, why.message))
+            problem = problem or Problem("ScheduleMissing", "the schedule is missing from its Queue's Redis (removed "
+                                         f"outside this Schedule) and could not be stored again: {why.message}")
+            retry = True
         except Exception as exc:
             unreachable = self.connections.problem(exc, target or rt.placed)
             checks.append(Check.of("RedisReachable", False, unreachable.reason, unreachable.message))
             problem = problem or unreachable
             retry = True
-        await self._write(key, body, checks, problem, progress)
+        await self._write(key, body, checks, problem, progress, notices)
         return not retry
 
+    async def _same_store(self, a: RedisTarget, b: RedisTarget) -> bool:
+        """Whether two targets reach one scheduler store (False when either cannot tell)."""
+        try:
+            return len(set(await asyncio.gather(self.connections.identity(a), self.connections.identity(b)))) == 1
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            return False
+
     async def _write(self, key: Key, body: dict, checks: list[Check], problem: Problem | None,
-                     progress: dict[str, Any]) -> None:
+                     progress: dict[str, Any], notices: Sequence[Event] = ()) -> None:
         generation = body["metadata"].get("generation")
         previous = body.get("status") or {}
         status = {**progress, "observedGeneration": generation,
@@ -241,38 +294,108 @@ class ScheduleController:
             if written is not None:
                 self.schedules.put(written)
         warning = problem_event(problem, previous.get("conditions"))
-        await self.kube.post_events(body, [warning] if warning else [])
+        await self.kube.post_events(body, [*notices, *([warning] if warning else [])])
 
     # -- ticks, per Redis ------------------------------------------------------------------
 
-    def _wanted(self, target: RedisTarget) -> set[str]:
-        """Ids of schedules that may live in this Redis: live resources whose Queue exists
-        there (or whose Queue's Redis is not resolved yet, so nothing valid is removed)."""
-        wanted = set()
-        for (namespace, name), body in self.schedules.items.items():
-            queue_key = (namespace, _queue_ref(body))
-            if queue_key in self.queues.queues.items and self.queues.targets.get(queue_key, target) == target:
-                wanted.add(builders.schedule_id(namespace, name))
-        return wanted
+    def _unwanted(self, schedule_id: str, target: RedisTarget) -> str | RedisTarget | None:
+        """Why a schedule stored through `target` should go (None: it stays; a target:
+        it stays if that target, its Queue's, reaches the same store). It stays when
+        its Queue's Redis is not resolved yet: nothing valid is removed on a guess."""
+        key = _key(schedule_id)
+        body = self.schedules.items.get(key)
+        if body is None:
+            return "no live Schedule resource"
+        queue_key = (key[0], _queue_ref(body))
+        if queue_key not in self.queues.queues.items:
+            return f"its Queue {queue_key[0]}/{queue_key[1]} does not exist"
+        there = self.queues.targets.get(queue_key)
+        return None if there is None or there == target else there
+
+    async def _identity_or_none(self, target: RedisTarget, wait: float | None = None, *,
+                                own: bool = False) -> str | None:
+        """The store identity of `target`, or None when it cannot be read. For the Redis
+        being collected (`own`) only a refusal (an ACL without SET, a read-only replica)
+        is None: if it does not answer, neither would the collection."""
+        try:
+            return await asyncio.wait_for(self.connections.identity(target), wait)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if own and not isinstance(exc, effectmq.RedisRefused):
+                raise
+            why = "no answer in time" if isinstance(exc, asyncio.TimeoutError) else describe_failure(exc, target.secrets)
+            log.warning("cannot tell which Redis %r is (its store identity: %s): the schedules of its Queues are kept",
+                        target, why)
+            return None
 
     def _ours(self, schedule_id: str) -> bool:
         return not self.namespaces or schedule_id.split("/", 1)[0] in self.namespaces
 
     async def collect_garbage(self, target: RedisTarget) -> int:
-        """Remove stored schedules that no live resource wants; returns how many."""
+        """Remove the stored schedules no live resource wants in this Redis; returns how many.
+
+        Wanted: a live Schedule whose Queue exists and whose Queue's URL reaches this
+        Redis, whichever URL that is (the store identities are compared, read afresh
+        by each collection), or whose Queue's Redis cannot be told (not resolved yet,
+        not answering): those are kept."""
         scheduler = self.connections.scheduler(target)
-        wanted = self._wanted(target)
+        stores = {target: await self._identity_or_none(target, own=True)}  # also what the tick loops compare
         removed, after = 0, None
         while True:
             ids = await scheduler.store.ids(after=after, limit=1000)
             if not ids:
                 return removed
-            for schedule_id in ids:
-                if self._ours(schedule_id) and schedule_id not in wanted:
-                    await scheduler.remove(schedule_id)
-                    removed += 1
-                    log.info("removed schedule %s: no live Schedule resource wants it in %r", schedule_id, target)
+            verdicts = {i: self._unwanted(i, target) for i in ids if self._ours(i)}
+            unknown = list({t for t in verdicts.values() if isinstance(t, RedisTarget) and t not in stores})
+            for other, found in zip(unknown, await asyncio.gather(*(self._identity_or_none(t, IDENTITY_WAIT)
+                                                                    for t in unknown))):
+                stores[other] = found
+            for schedule_id, why in verdicts.items():
+                if isinstance(why, RedisTarget):
+                    if None in (stores[target], stores[why]) or stores[target] == stores[why]:
+                        continue
+                    why = f"its Queue's Redis is another one ({why!r})"
+                if why is None:
+                    continue
+                await scheduler.remove(schedule_id)
+                removed += 1
+                log.info("removed schedule %s from %r: %s", schedule_id, target, why)
             after = ids[-1]
+
+    async def check_stored(self, target: RedisTarget) -> list[Key]:
+        """Nudge the reconcile of each Schedule stored through `target` whose record is
+        gone (it is stored again at once, or says why it cannot be); returns their keys.
+        One ZCARD a pass: the records are read only when the number of schedules in
+        this Redis changed since the last check (a removal and a creation between two
+        passes leave it equal: the reconcile of each Schedule, every RESYNC_EVERY,
+        reads its record too)."""
+        store = self.connections.scheduler(target).store
+        count = await store.client.zcard(store.index_key)
+        if self._stored_counts.get(target) == count:
+            return []
+        placed = [key for key, rt in self.runtime.items() if rt.placed == target and rt.stored is not None]
+        missing = []
+        for start in range(0, len(placed), MIRROR_BATCH):
+            chunk = placed[start:start + MIRROR_BATCH]
+            async with store.client.pipeline(transaction=False) as pipe:
+                for key in chunk:
+                    pipe.exists(store.key(builders.schedule_id(*key)))
+                found = await pipe.execute()
+            missing += [key for key, exists in zip(chunk, found) if not exists]
+        self._stored_counts[target] = count
+        for key in missing:
+            log.warning("schedule %s/%s is missing from %r", *key, target)
+            self.work.nudge(key)
+        return missing
+
+    def _ticked_elsewhere(self, target: RedisTarget) -> bool:
+        """Whether another URL of this Redis had a tick pass succeed just now: then this
+        loop's pass would only repeat it (harmless, tick ids are deterministic, but twice
+        the work). The one whose passes succeed keeps them; if they fail, this one takes over."""
+        same = self.connections.known_identity(target)
+        last = self._last_pass.get(same) if same is not None else None
+        return last is not None and last[0] != target and time.monotonic() - last[1] < 2 * self.tick_every
 
     async def _tick_loop(self, target: RedisTarget) -> None:
         next_gc = 0.0
@@ -286,15 +409,24 @@ class ScheduleController:
                     await asyncio.wait_for(self.collect_garbage(target), self.deadline)
                     next_gc = time.monotonic() + GC_EVERY
                 step = "the tick pass"
-                report = await asyncio.wait_for(self.connections.scheduler(target).tick(), self.deadline)
+                more = False
+                if not self._ticked_elsewhere(target):
+                    report = await asyncio.wait_for(self.connections.scheduler(target).tick(), self.deadline)
+                    if (same := self.connections.known_identity(target)) is not None:
+                        self._last_pass[same] = (target, time.monotonic())
+                    more = report.more
+                    for m in report.materialized:
+                        if m.created:
+                            metrics.TICKS.labels(m.schedule_id).inc()
                 failures = 0
                 self._ticks_failing(target, None)
-                for m in report.materialized:
-                    if m.created:
-                        metrics.TICKS.labels(m.schedule_id).inc()
+                # After the pass: while passes fail, the state change reconciles every Schedule
+                # stored here (which reads its record), and a failure here hides none of theirs.
+                step = "the check of the stored records"
+                await asyncio.wait_for(self.check_stored(target), self.deadline)
                 step = "the status mirror"
                 await asyncio.wait_for(self._mirror(target), self.deadline)
-                await asyncio.sleep(0 if report.more else self.tick_every)
+                await asyncio.sleep(0 if more else self.tick_every)
             except asyncio.CancelledError:
                 raise
             except NotLeader:
@@ -403,6 +535,8 @@ class ScheduleController:
         self._tickers.clear()
         self._feeds.clear()  # the next term starts with a full mirror round
         self._tick_problems.clear()  # the next term's passes tell
+        self._stored_counts.clear()  # the next term's loops check every record once
+        self._last_pass.clear()
         await self.work.stop()
 
 
