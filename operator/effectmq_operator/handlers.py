@@ -49,13 +49,30 @@ class _RetriesAreWarnings(logging.Filter):
         return True
 
 
-QUIET_WATCH, RETRIES_ARE_WARNINGS = _QuietWatch(), _RetriesAreWarnings()
+class _ProbesAreDebug(logging.Filter):
+    """Every liveness and readiness probe would log two INFO lines (kopf's "Activity
+    'effectmq' succeeded." and the health server's access line): an answered probe is
+    DEBUG, shown with --verbose; a failed one keeps its level."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        answered = (record.name == "aiohttp.access" and getattr(record, "response_status", 500) < 400) or \
+            (record.name == "kopf.activities.probe" and record.getMessage().endswith("succeeded."))
+        if not answered or record.levelno <= logging.DEBUG:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+QUIET_WATCH, RETRIES_ARE_WARNINGS, PROBES_ARE_DEBUG = _QuietWatch(), _RetriesAreWarnings(), _ProbesAreDebug()
 
 
 def quiet_kopf_logs() -> None:
     """kopf's routine lines at the level they deserve. The retry filter sits on the root
-    handlers (kopf logs retries on the logger of whatever asked)."""
+    handlers (kopf logs retries on the logger of whatever asked); the probe filter on
+    the two loggers that report probes (a logger's filters run after its level check)."""
     logging.getLogger("kopf.objects").addFilter(QUIET_WATCH)
+    for name in ("aiohttp.access", "kopf.activities.probe"):
+        logging.getLogger(name).addFilter(PROBES_ARE_DEBUG)
     for handler in logging.getLogger().handlers:
         handler.addFilter(RETRIES_ARE_WARNINGS)
 
