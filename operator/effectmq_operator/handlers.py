@@ -25,8 +25,18 @@ from .kube import API_THREADS, Kube, load_config
 from .leader import LEASE_SECONDS, LeaderElector, coordination_api
 from .schedules import ScheduleController
 
+try:  # kopf's internals that Watches wraps and calls (where kopf 1.37 to 1.45 has them)
+    from kopf._cogs.clients import api as kopf_api
+    from kopf._cogs.clients import errors as kopf_errors
+    from kopf._core.reactor import queueing as kopf_queueing
+except ImportError:  # a kopf that moved them: Watches.install() says it cannot guard the watches
+    kopf_api = kopf_errors = kopf_queueing = None
+
 SHUTDOWN_STEP = 2.0  # seconds each shutdown step may take: SIGTERM to exit stays within a few seconds
 LOOP_BLOCK_WARNING = 3.0  # seconds the loop may not run before the log says where it is stuck (Lease: 15 s)
+UNSERVED_RECHECK = 5.0  # seconds between looks at a resource whose watch answered 404 (its CRD deleted)
+OWN_RESOURCES = (f"queues.{GROUP}", f"schedules.{GROUP}")
+log = logging.getLogger("effectmq.operator")
 
 
 class _QuietWatch(logging.Filter):
@@ -77,6 +87,79 @@ def quiet_kopf_logs() -> None:
         handler.addFilter(RETRIES_ARE_WARNINGS)
 
 
+class Watches:
+    """kopf's watch streams, made to outlive a deleted CRD, and what they can watch now.
+
+    kopf ends the whole operator (exit code 1) when a watch stream answers 404: its
+    watcher raises APINotFoundError and the task that runs all watchers re-raises it.
+    That happens when a CRD is deleted and the watch reconnects before kopf's own CRD
+    observer has stopped it (the observer re-reads API discovery, which lags the
+    deletion). Each watcher here runs inside a loop instead: on a 404 it says so,
+    looks again every UNSERVED_RECHECK seconds, and watches again (a fresh list) when
+    the resource is served again; kopf's observer may stop it meanwhile (and starts a
+    new one when the CRD is back). The probe reports which of the operator's own
+    resources have no working watch (deleted, or never created), and stays 200: a
+    restart cannot bring a CRD back."""
+
+    def __init__(self) -> None:
+        self._state: dict[tuple[str, str | None], bool] = {}  # (plural.group, namespace) -> watching
+
+    def install(self) -> None:
+        """Wrap kopf's watcher (idempotent: once per process)."""
+        if kopf_queueing is None or not hasattr(kopf_queueing, "watcher"):
+            log.warning("kopf %s has no watcher where this operator expects it: a deleted CRD will end the "
+                        "process (exit 1) as it did before", getattr(kopf, "__version__", "?"))
+            return
+        current = kopf_queueing.watcher
+        if getattr(current, "__wrapped_by__", None) is self:
+            return
+        original = getattr(current, "__wrapped__", current)
+
+        async def watcher(*, resource, namespace, settings, **kwargs) -> None:
+            await self._watch(original, resource=resource, namespace=namespace, settings=settings, **kwargs)
+
+        watcher.__wrapped__, watcher.__wrapped_by__ = original, self
+        kopf_queueing.watcher = watcher
+
+    def unserved(self, names: tuple[str, ...] = OWN_RESOURCES) -> list[str]:
+        """Those of `names` that no watch stream is watching now."""
+        return [name for name in names if not any(on for (n, _), on in self._state.items() if n == name)]
+
+    async def _watch(self, original, *, resource, namespace, settings, **kwargs) -> None:
+        name = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
+        key = (name, namespace)
+        where = f"in namespace {namespace}" if namespace else "cluster-wide"
+        self._state[key] = True
+        try:
+            while True:
+                try:
+                    return await original(resource=resource, namespace=namespace, settings=settings, **kwargs)
+                except kopf_errors.APINotFoundError:
+                    self._state[key] = False
+                    log.warning("%s are not served (404: their CRD was deleted?); the operator keeps running "
+                                "and watches them again %s when they are back", name, where)
+                    await self._until_served(resource, namespace, settings)
+                    self._state[key] = True
+                    log.info("%s are served again: watching them %s", name, where)
+        finally:
+            self._state.pop(key, None)
+
+    async def _until_served(self, resource, namespace, settings) -> None:
+        url = resource.get_url(namespace=namespace, params={"limit": "1"})
+        while True:
+            await asyncio.sleep(UNSERVED_RECHECK)
+            try:
+                await kopf_api.get(url, settings=settings, logger=log)
+                return
+            except kopf_errors.APINotFoundError:
+                continue
+            except Exception as exc:  # noqa: BLE001 - an API server away: look again later
+                log.debug("looking for %s: %s", url, exc)
+
+
+WATCHES = Watches()
+
+
 def loop_watch(warn_after: float = LOOP_BLOCK_WARNING) -> LoopWatch:
     """The watchdog of the operator's loop: a block is logged with where the loop is stuck."""
     return LoopWatch(warn_after, lag=metrics.LOOP_LAG, logger=logging.getLogger("effectmq.operator"),
@@ -86,6 +169,7 @@ def loop_watch(warn_after: float = LOOP_BLOCK_WARNING) -> LoopWatch:
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
     quiet_kopf_logs()
+    WATCHES.install()  # before kopf starts its watchers (after the startup handlers)
     settings.posting.level = logging.WARNING  # routine logs stay logs
     settings.posting.reporting_component = "effectmq-operator"
     # A watch on a silently dead connection must not hang forever.
@@ -124,13 +208,15 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
 
 @kopf.on.probe(id="effectmq")
 def probe(memo: kopf.Memo, **_) -> dict:
-    """Liveness: fails when a loop died or the Lease could not be reached for a whole lease duration."""
+    """Liveness: fails when a loop died or the Lease could not be reached for a whole lease
+    duration. A CRD that is missing is said (`unserved`), not failed on: a restart would not
+    bring it back, and the operator watches it again when it is re-created."""
     dead = [t.get_name() for t in getattr(memo, "tasks", []) if t.done()]
     if dead:
         raise kopf.PermanentError(f"loops stopped: {', '.join(dead)}")
     if not memo.elector.healthy():
         raise kopf.PermanentError("the leader election cannot reach the API server")
-    return {"leader": memo.elector.is_leader}
+    return {"leader": memo.elector.is_leader, "unserved": WATCHES.unserved()}
 
 
 @kopf.on.cleanup()
