@@ -428,8 +428,8 @@ async def test_ticks_that_fell_due_while_suspended_follow_the_policy_whatever_th
         assert suspended_ticks <= covered and span["count"] == len(covered)
         assert min(covered) > int(suspended.cursor.timestamp())  # nothing settled before is counted again
         assert status.coalesced == span["count"] - 1
-        # the only other tasks: ticks after the resume, on time
-        assert all(_span_ticks(t) and min(_span_ticks(t)) > before_resume for t in created if t is not coalescing[0])
+        # the other tasks: on-time ticks after the resume (or, under load, just before the suspension)
+        assert not [t.payload for t in created if t is not coalescing[0] and _span_ticks(t) & suspended_ticks]
 
 
 @pytest.mark.parametrize("mode", ["skip", "coalesce", "backfill"])
@@ -486,6 +486,7 @@ async def test_put_records_the_suspension_a_resume_ends(scheduler):
     version, cursor, created = await store.put(per_second(sid, "q", suspend=True))
     since = int(await scheduler.redis.hget(store.key(sid), "suspended_at"))
     assert since == created and await window() is None  # not resumed yet: no window
+    await asyncio.sleep(0.01)  # resumed after the cursor (its creation): the window holds unsettled time
     _, _, resumed = await store.put(per_second(sid, "q"))
     assert await window() == (since, resumed)
     await store.put(per_second(sid, "q", payload={"edit": 1}))  # an edit that is no resume
