@@ -195,6 +195,24 @@ def test_printer_columns_and_category(kube_control_plane, effectmq_crds, kube_na
     assert sorted(short) == sorted(both)
 
 
+@pytest.mark.parametrize("values", [
+    ("--set", "redis.enabled=true"), ("--set", "redis.enabled=false"),
+    ("--set", "redis.enabled=true", "--set", "dashboard.enabled=true"),
+    ("--set", "redis.enabled=false", "--set", "dashboard.enabled=true",
+     "--set", "dashboard.redis.url=redis://r:6379/0"),
+], ids=["redis", "own-redis", "redis-dashboard", "own-redis-dashboard"])
+def test_the_install_notes_keep_their_paragraphs_apart(kube_control_plane, kube_namespace, values):
+    """Issue 35, defect 8: the notes ran two sentences together ("single replica.Create a
+    Queue") when the dashboard was off."""
+    out = kube_control_plane.helm("install", "emq", str(REPO_ROOT / "charts" / "effectmq"), "-n", kube_namespace,
+                                  "--dry-run=client", *values).stdout
+    notes = out[out.index("NOTES:"):]
+    assert re.search(r"[.:/)]Create a Queue", notes) is None, notes
+    assert "\n\nCreate a Queue and a Schedule" in notes, notes
+    for line in notes.splitlines():  # no sentence runs into the next one
+        assert re.search(r"[a-z]\.[A-Z]", line) is None, line
+
+
 # ---------------------------------------------------------------- must show 3
 
 INVALID = {
