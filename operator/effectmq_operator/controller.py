@@ -5,8 +5,9 @@ streams report them (plus a periodic full list, so a missed event heals). The
 leader reconciles each Queue on its poll interval, at once when the Queue or its
 Deployment changes, and again after a failure with backoff. A reconcile computes
 everything from the live object: spec -> Redis settings, maintenance, stats ->
-scaling decision -> Deployment (applied only when it drifted) -> status (written
-only when it changed) and Events. Each reconcile runs as its own task with a
+scaling decision -> Deployment (applied only when it drifted; its replicas set on
+their own when the full apply is refused) -> its pods, only while it is not fully
+available -> status (written only when it changed) and Events. Each reconcile runs as its own task with a
 deadline, a bounded number at a time, so one slow Redis never delays another Queue.
 """
 
@@ -23,7 +24,7 @@ from kubernetes.client.rest import ApiException
 
 from . import builders, control, metrics, scaling
 from .connections import Connections, RedisTarget
-from .kube import Kube, api_error, describe_failure, namespace_terminating
+from .kube import Kube, api_error, describe_failure, namespace_terminating, permanent_refusal
 from .spec import QUEUE_MAXIMA, InvalidSpec, QueueSpec
 from .status import Problem
 from .workqueue import Key, Registry, WorkQueue, key_of, newer
@@ -41,6 +42,11 @@ MAINTENANCE_BUDGET = 0.5
 RECONCILES_AT_ONCE = 64
 REDIS_SHARE = 0.4  # of a reconcile's deadline, for its Redis calls: the rest writes status and Events
 SETTINGS_EVERY = 300.0  # queue settings are written when they change, and again this often
+# Worker pods are listed only while a Queue's Deployment is not fully available (a rollout,
+# a scale-up, a crash loop), at most this often per Queue; and such a Queue is polled at
+# least this often, so a crash loop is judged within seconds whatever its poll interval.
+POD_LIST_EVERY = 2.0
+UNAVAILABLE_POLL = 10.0
 
 
 @dataclass
@@ -52,6 +58,10 @@ class QueueRuntime:
     settings: tuple | None = None  # (Redis, settings) last written there
     settings_at: float = 0.0
     status_at: float = field(default_factory=time.monotonic)  # our last status write (or the term's start)
+    pods: tuple[control.PodFacts, ...] | None = None  # the worker pods, as last listed
+    pods_at: float = float("-inf")
+    pods_for: control.DeploymentFacts | None = None  # what the Deployment said when they were listed
+    unavailable: bool = False  # the Deployment was not fully available at the last reconcile
 
 
 class QueueController:
@@ -155,7 +165,9 @@ class QueueController:
                              .get("pollIntervalSeconds") or 10)
         except (TypeError, ValueError):
             return 10.0
-        return min(max(interval, 1.0), float(QUEUE_MAXIMA["scaling.pollIntervalSeconds"]))
+        interval = min(max(interval, 1.0), float(QUEUE_MAXIMA["scaling.pollIntervalSeconds"]))
+        rt = self.runtime.get(key)
+        return min(interval, UNAVAILABLE_POLL) if rt is not None and rt.unavailable else interval
 
     def _finished(self, key: Key, ok: bool) -> None:
         metrics.RECONCILES.labels("ok" if ok else "retry").inc()
@@ -216,15 +228,18 @@ class QueueController:
                     if namespace_terminating(exc):
                         log.debug("%s/%s: namespace is being deleted", namespace, name)
                         return True
-                    apply_problem = Problem("DeploymentFailed", f"applying the worker Deployment failed: "
-                                            f"{api_error(exc)}", permanent=400 <= exc.status < 500
-                                            and exc.status not in (408, 409, 429))
-                    if decision is not None:
+                    apply_problem, live, scaled = await self._apply_refused(key, exc, live, replicas)
+                    if decision is not None and not scaled:
                         replicas_before = None  # nothing was scaled
+        deployment = control.DeploymentFacts.of(live) if live else None
+        rt.unavailable = deployment is not None and not deployment.rolled_out
+        if deployment is not None and rt.unavailable:
+            pods = await self._worker_pods(key, rt, deployment)
+        else:  # available: the pods are not read, and what was read of them is stale
+            pods = rt.pods = rt.pods_for = None
         facts = control.QueueFacts(redis_problem=redis_problem, write_problem=write_problem, stats=stats,
-                                   has_worker=spec.worker is not None,
-                                   deployment=control.DeploymentFacts.of(live) if live else None,
-                                   apply_problem=apply_problem)
+                                   has_worker=spec.worker is not None, deployment=deployment,
+                                   apply_problem=apply_problem, pods=pods)
         plan = control.plan(facts, generation=generation, previous=previous, decision=decision,
                             replicas_before=replicas_before)
         await self._write(key, body, plan)
@@ -236,6 +251,49 @@ class QueueController:
             metrics.SCALE_DECISIONS.labels(builders.queue_name(namespace, name),
                                            "up" if decision.replicas > replicas_before else "down").inc()
         return redis_problem is None and apply_problem is None
+
+    async def _apply_refused(self, key: Key, exc: ApiException, live: dict | None,
+                             replicas: int) -> tuple[Problem, dict | None, bool]:
+        """The problem of a refused apply; and the replicas set on their own meanwhile (a
+        mistake elsewhere in the spec must not stop scaling). Returns the problem, the
+        Deployment as it is now, and whether its replicas were changed."""
+        namespace, name = key
+        message = f"applying the worker Deployment failed: {api_error(exc)}"
+        scaled = False
+        if live is None:
+            message += "; no worker runs until it can be created"
+        else:
+            message += "; the Deployment keeps its last applied template, and its replicas still follow the backlog"
+            if int((live.get("spec") or {}).get("replicas") or 0) != replicas:
+                try:
+                    result = await self.kube.scale(namespace, builders.deployment_name(name), replicas)
+                    scaled = True
+                    if newer(result, self.deployments.get(key)):
+                        self.deployments[key] = result
+                    live = self.deployments.get(key, result)
+                    log.info("%s/%s: replicas set to %d on their own: the full apply is refused", namespace, name,
+                             replicas)
+                except ApiException as scale_exc:
+                    message += f" (but scaling it failed too: {api_error(scale_exc)})"
+        return Problem("DeploymentFailed", message, permanent=permanent_refusal(exc)), live, scaled
+
+    async def _worker_pods(self, key: Key, rt: QueueRuntime,
+                           deployment: control.DeploymentFacts) -> tuple[control.PodFacts, ...] | None:
+        """The Queue's worker pods (a list by its Deployment's selector): again when the
+        Deployment's status moved, else at most every POD_LIST_EVERY seconds (a crash loop
+        moves only the pods); None when they cannot be listed (status then says less)."""
+        if deployment == rt.pods_for and time.monotonic() - rt.pods_at < POD_LIST_EVERY:
+            return rt.pods
+        selector = ",".join(f"{k}={v}" for k, v in builders.selector_labels(key[1]).items())
+        try:
+            pods = await self.kube.worker_pods(key[0], selector)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.debug("%s/%s: worker pods not listed: %s", *key, describe_failure(exc))
+            return None
+        rt.pods, rt.pods_at, rt.pods_for = tuple(control.PodFacts.of(p) for p in pods), time.monotonic(), deployment
+        return rt.pods
 
     async def _observe_redis(self, key: Key, spec: QueueSpec):
         """Settings, bounded maintenance, stats, workers and whether Redis takes new

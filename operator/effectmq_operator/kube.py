@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import time
 from collections import OrderedDict
@@ -70,6 +71,32 @@ def api_error(exc: ApiException) -> str:
     """The API server's own message of a failed call (not the whole response body)."""
     message = _status_of(exc).get("message")
     return f"{exc.status} {exc.reason}: {message}" if message else f"{exc.status} {exc.reason}"
+
+
+# A 500 that is the object's fault, not the server's: server-side apply answers a value of
+# the wrong type (an env value 5) with 500 "failed to create typed patch object ...:
+# expected string"; decoding errors read alike. Retrying the same object cannot help.
+CONTENT_ERROR = re.compile(r"failed to create typed (patch )?object|expected (string|map|list|bool|boolean|numeric|"
+                           r"int|integer|float|number)\b|cannot unmarshal|unable to decode|cannot convert|"
+                           r"invalid type for", re.IGNORECASE)
+
+
+def refused_for_content(exc: BaseException) -> bool:
+    """The API server refused a write for what the object says: 400, 422, or a 500 whose
+    message shows a decoding or type error. Sending it again changes nothing."""
+    if not isinstance(exc, ApiException):
+        return False
+    if exc.status in (400, 422):
+        return True
+    return exc.status == 500 and bool(CONTENT_ERROR.search(str(_status_of(exc).get("message") or exc.body or "")))
+
+
+def permanent_refusal(exc: BaseException) -> bool:
+    """A refused write that only a change from outside can cure: the object's content, or
+    a 4xx other than a timeout, a conflict or throttling (a quota, a policy, RBAC)."""
+    if refused_for_content(exc):
+        return True
+    return isinstance(exc, ApiException) and 400 <= exc.status < 500 and exc.status not in (408, 409, 429)
 
 
 def namespace_terminating(exc: BaseException) -> bool:
@@ -156,6 +183,15 @@ class Kube:
             field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml",
         )
 
+    async def scale(self, namespace: str, name: str, replicas: int) -> dict:
+        """Set only a Deployment's replicas (a merge patch under our manager name), for when
+        the full apply is refused: scaling never waits on an unrelated field's mistake.
+        The next full apply takes the field back."""
+        return await self._write(
+            self.apps.patch_namespaced_deployment, name, namespace, {"spec": {"replicas": replicas}},
+            field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json",
+        )
+
     async def delete_deployment(self, namespace: str, name: str) -> None:
         try:
             await self._write(self.apps.delete_namespaced_deployment, name, namespace)
@@ -164,6 +200,7 @@ class Kube:
                 raise
 
     async def worker_pods(self, namespace: str, selector: str) -> list[dict]:
+        """The pods of one Queue's workers (a label selector of its Deployment)."""
         pods = await self._call(self.core.list_namespaced_pod, namespace, label_selector=selector)
         return pods.get("items") or []
 

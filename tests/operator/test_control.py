@@ -165,3 +165,212 @@ def test_needs_apply_sees_drift_also_across_a_restart():
     assert control.foreign_spec_edits(edited) == ["kubectl-edit"]
     assert control.needs_apply(edited, desired, None)
     assert control.needs_apply({**live, "spec": {**live["spec"], "replicas": 5}}, desired, 4)
+
+
+# -- issue 35, defect 2: worker health judged from the pods themselves ---------------------
+
+T0 = NOW.timestamp()
+
+
+def iso(seconds_after_now: float) -> str:
+    return datetime.fromtimestamp(T0 + seconds_after_now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rollout(replicas=1, current=1, updated=1, available=0, new_rs="q-worker-new", generation=3, observed=3,
+            deadline=600, scale_up=False):
+    """A Deployment rolling out a new template, or (scale_up) scaled up after a completed
+    rollout: the controller then keeps NewReplicaSetAvailable and never times out."""
+    reason, message = ("NewReplicaSetAvailable", f'ReplicaSet "{new_rs}" has successfully progressed.') if scale_up \
+        else ("ReplicaSetUpdated", f'ReplicaSet "{new_rs}" is progressing.')
+    d = deployment(replicas=replicas, generation=generation, observed=observed, updated=updated, available=available,
+                   progressing={"type": "Progressing", "status": "True", "reason": reason, "message": message})
+    d["status"]["replicas"] = current
+    d["spec"]["progressDeadlineSeconds"] = deadline
+    return control.DeploymentFacts.of(d)
+
+
+def pod(name, rs="q-worker-new", *, created=-120.0, ready=False, unready_since=None, restarts=0, waiting=None,
+        running_since=None, last_exit=None, deleting=False):
+    container = {"name": "worker", "restartCount": restarts, "ready": ready, "state": {}}
+    if waiting:
+        container["state"]["waiting"] = {"reason": waiting[0], "message": waiting[1]}
+    if running_since is not None:
+        container["state"]["running"] = {"startedAt": iso(running_since)}
+    if last_exit:
+        container["lastState"] = {"terminated": {"exitCode": last_exit[0], "reason": last_exit[1],
+                                                 "message": last_exit[2]}}
+    ready_since = unready_since if unready_since is not None else created
+    body = {"metadata": {"name": name, "creationTimestamp": iso(created),
+                         "ownerReferences": [{"kind": "ReplicaSet", "name": rs}]},
+            "status": {"phase": "Running" if (running_since is not None or waiting) else "Pending",
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                                       "lastTransitionTime": iso(ready_since)}],
+                       "containerStatuses": [container]}}
+    if deleting:
+        body["metadata"]["deletionTimestamp"] = iso(0)
+    return control.PodFacts.of(body)
+
+
+TRACEBACK = "Traceback (most recent call last):\n  ...\nModuleNotFoundError: No module named 'shop.taskz'\n"
+
+
+def health(d, pods, **facts):
+    f = control.QueueFacts(stats=Stats(), deployment=d, pods=tuple(pods), **facts)
+    return control.plan(f, generation=4, previous={}, decision=None, replicas_before=None, now=NOW)
+
+
+def test_a_crash_loop_after_a_scale_from_zero_is_not_ready_then_stalled():
+    """Was: RollingOut for ever (a scale-up is not a rollout: no ProgressDeadlineExceeded)."""
+    d = rollout(scale_up=True)
+    crashing = pod("q-worker-new-a", restarts=1, waiting=("CrashLoopBackOff", "back-off 10s restarting failed"),
+                   last_exit=(1, "Error", TRACEBACK), created=-20)
+    plan = health(d, [crashing])
+    assert conds(plan)["Ready"] == ("False", "WorkersCrashLooping")
+    assert (conds(plan)["Reconciling"][0], conds(plan)["Stalled"][0]) == ("True", "False")  # not yet: 1 restart
+    ready = next(c for c in plan.status["conditions"] if c["type"] == "Ready")
+    assert "q-worker-new-a" in ready["message"] and "exit code 1" in ready["message"]
+    assert "No module named 'shop.taskz'" in ready["message"] and "Traceback" not in ready["message"]
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "WorkersCrashLooping")]
+
+    looping = pod("q-worker-new-a", restarts=3, waiting=("CrashLoopBackOff", "back-off 40s restarting failed"),
+                  last_exit=(1, "Error", TRACEBACK), created=-75)
+    stalled = control.plan(control.QueueFacts(stats=Stats(), deployment=d, pods=(looping,)), generation=4,
+                           previous=plan.status, decision=None, replicas_before=None, now=NOW)
+    assert conds(stalled)["Ready"] == ("False", "WorkersCrashLooping")
+    assert (conds(stalled)["Reconciling"][0], conds(stalled)["Stalled"][0]) == ("False", "True")
+    assert [(e.type, e.reason) for e in stalled.events] == [("Warning", "WorkersCrashLooping")]
+    again = control.plan(control.QueueFacts(stats=Stats(), deployment=d, pods=(
+        pod("q-worker-new-a", restarts=4, waiting=("CrashLoopBackOff", "back-off 1m20s"),
+            last_exit=(1, "Error", TRACEBACK), created=-160),)), generation=4, previous=stalled.status,
+        decision=None, replicas_before=None, now=NOW)
+    assert again.events == [] and again.status["conditions"] == stalled.status["conditions"]  # one restart more: quiet
+
+
+def test_a_crash_loop_between_two_restarts_is_still_a_crash_loop():
+    d = rollout()
+    between = pod("q-worker-new-a", restarts=2, running_since=-1, last_exit=(1, "Error", TRACEBACK), created=-40)
+    assert conds(health(d, [between]))["Ready"] == ("False", "WorkersCrashLooping")
+
+
+def test_an_old_pod_is_never_available_for_a_new_template():
+    """Was: "1 of 1 replicas updated, 1 available" (the old pod) until the 600 s deadline."""
+    d = rollout(replicas=1, current=2, updated=1, available=1)
+    old = pod("q-worker-old-a", rs="q-worker-old", ready=True, running_since=-3600, created=-3600)
+    new = pod("q-worker-new-a", restarts=3, waiting=("CrashLoopBackOff", "back-off 40s"),
+              last_exit=(1, "Error", TRACEBACK), created=-90)
+    plan = health(d, [old, new])
+    assert conds(plan)["Ready"] == ("False", "WorkersCrashLooping") and conds(plan)["Stalled"][0] == "True"
+    message = next(c for c in plan.status["conditions"] if c["type"] == "WorkersDeployed")["message"]
+    assert "q-worker-new-a" in message and "1 pod of the previous template still serves" in message
+    starting = health(d, [old, pod("q-worker-new-a", created=-5)])
+    message = next(c for c in starting.status["conditions"] if c["type"] == "Ready")["message"]
+    assert conds(starting)["Ready"] == ("False", "RollingOut")
+    assert message.startswith("0 of 1 replicas of the current template available"), message
+    # without the pods, the Deployment's counts are read as a bound: the old pod is not counted
+    unknown = control.plan(control.QueueFacts(stats=Stats(), deployment=d), generation=4, previous={},
+                           decision=None, replicas_before=None, now=NOW)
+    message = next(c for c in unknown.status["conditions"] if c["type"] == "Ready")["message"]
+    assert "at least 0 of them available" in message, message
+
+
+def test_a_failing_pod_of_an_earlier_template_is_not_the_current_ones_problem():
+    d = rollout(replicas=1, current=2, updated=1, available=0)
+    old = pod("q-worker-old-a", rs="q-worker-old", restarts=9, waiting=("CrashLoopBackOff", "back-off 5m0s"),
+              last_exit=(1, "Error", TRACEBACK), created=-3600)
+    plan = health(d, [old, pod("q-worker-new-a", created=-3)])
+    assert conds(plan)["Ready"] == ("False", "RollingOut") and conds(plan)["Stalled"][0] == "False"
+
+
+def test_image_pull_failures_stall_after_a_bound_or_at_once_when_nothing_can_heal():
+    d = rollout(scale_up=True)
+    young = pod("q-worker-new-a", waiting=("ImagePullBackOff", 'Back-off pulling image "nope:1"'), created=-20)
+    plan = health(d, [young])
+    assert conds(plan)["Ready"] == ("False", "ImagePullFailed") and conds(plan)["Stalled"][0] == "False"
+    assert 'Back-off pulling image "nope:1"' in next(c for c in plan.status["conditions"]
+                                                     if c["type"] == "Ready")["message"]
+    old = pod("q-worker-new-a", waiting=("ErrImagePull", "manifest unknown"),
+              created=-(control.START_FAILURE_LIMIT + 1))
+    assert conds(health(d, [old]))["Stalled"] == ("True", "ImagePullFailed")
+    invalid = pod("q-worker-new-a", waiting=("InvalidImageName", "couldn't parse image name"), created=-1)
+    assert conds(health(d, [invalid]))["Stalled"] == ("True", "ImagePullFailed")
+    # a short progress deadline of a scale-up comes first (a rollout's is the Deployment controller's)
+    assert conds(health(rollout(deadline=10, scale_up=True), [young]))["Stalled"] == ("True", "ImagePullFailed")
+    assert conds(health(rollout(deadline=10), [young]))["Stalled"][0] == "False"
+
+
+def test_pods_pending_past_the_progress_deadline_of_a_scale_up_are_stalled():
+    d = rollout(deadline=60, scale_up=True)
+    assert conds(health(d, [pod("q-worker-new-a", created=-30)]))["Ready"] == ("False", "RollingOut")
+    late = health(d, [pod("q-worker-new-a", created=-61)])
+    assert conds(late)["Stalled"] == ("True", "ProgressDeadlineExceeded")
+    # in a rollout the Deployment controller times out itself (Progressing=False), and that is read
+    rolling = health(rollout(deadline=60), [pod("q-worker-new-a", created=-61)])
+    assert conds(rolling)["Ready"] == ("False", "RollingOut")
+
+
+def test_redis_reasons_win_over_worker_readiness():
+    """Was: a 3 s Redis outage read RollingOut. A running worker is ready exactly while its
+    last Redis call worked; the operator's own failure to reach Redis says it first."""
+    d = rollout(replicas=2, current=2, updated=2, available=0, scale_up=True)
+    unready = [pod(f"q-worker-new-{i}", running_since=-600, created=-600, unready_since=-8) for i in "ab"]
+    plan = health(d, unready)
+    assert conds(plan)["Ready"] == ("False", "WorkersCannotReachRedis")
+    assert (conds(plan)["Reconciling"][0], conds(plan)["Stalled"][0]) == ("True", "False")
+    outage = health(d, unready, redis_problem=Problem("RedisUnreachable", "connection refused"))
+    assert conds(outage)["Ready"] == ("False", "RedisUnreachable")
+    assert conds(outage)["WorkersDeployed"] == ("False", "WorkersCannotReachRedis")
+    # long unready while the operator reaches Redis: a network path only a change can fix
+    stuck = [pod("q-worker-new-a", running_since=-3600, created=-3600, unready_since=-700)]
+    assert conds(health(d, stuck))["Stalled"] == ("True", "WorkersCannotReachRedis")
+    assert conds(health(d, stuck, redis_problem=Problem("RedisUnreachable", "down")))["Stalled"][0] == "False"
+    # just started: not judged yet
+    assert conds(health(d, [pod("q-worker-new-a", running_since=-5, created=-8)]))["Ready"] == ("False", "RollingOut")
+
+
+def test_terminating_pods_and_their_restarts_do_not_count():
+    d = rollout(replicas=1, current=2, updated=1, available=1)
+    gone = pod("q-worker-new-z", restarts=5, waiting=("CrashLoopBackOff", "x"), last_exit=(1, "Error", ""),
+               deleting=True, created=-900)
+    ok = pod("q-worker-new-a", ready=True, running_since=-60, created=-60)
+    plan = health(d, [gone, ok])
+    assert conds(plan)["Ready"][1] == "RollingOut"
+
+
+def test_the_last_poll_time_is_shown_and_written_alone_only_rarely():
+    plan = control.plan(control.QueueFacts(stats=Stats(), deployment=control.DeploymentFacts.of(deployment())),
+                        generation=1, previous={}, decision=None, replicas_before=None, now=NOW)
+    assert plan.status["lastPollTime"] == "2026-12-01T00:00:00Z"
+    later = {**plan.status, "lastPollTime": "2026-12-01T00:00:10Z"}
+    assert not control.needs_write(plan.status, later, 10.0)
+    assert control.needs_write(plan.status, later, control.POLL_TIME_EVERY)
+    assert control.needs_write(plan.status, {**later, "replicas": 7}, 1.0)  # carried along with anything else
+    down = control.plan(control.QueueFacts(redis_problem=Problem("RedisUnreachable", "x")), generation=1,
+                        previous=plan.status, decision=None, replicas_before=None, now=NOW)
+    assert down.status["lastPollTime"] == plan.status["lastPollTime"]  # the last poll that read the backlog
+
+
+# -- issue 35, defect 5: a refusal for the object's content is permanent --------------------
+
+def api_exception(status: int, message: str):
+    import json
+
+    from kubernetes.client.rest import ApiException
+
+    exc = ApiException(status=status, reason={500: "Internal Server Error", 422: "Unprocessable Entity",
+                                              409: "Conflict", 403: "Forbidden"}.get(status, "x"))
+    exc.body = json.dumps({"kind": "Status", "status": "Failure", "message": message, "code": status})
+    return exc
+
+
+def test_an_apply_refused_for_its_content_is_permanent_a_server_fault_is_not():
+    from effectmq_operator.kube import permanent_refusal, refused_for_content
+
+    typed = api_exception(500, 'failed to create typed patch object (shop/emails-worker; apps/v1, Kind=Deployment): '
+                               '.spec.template.spec.containers[name="worker"].env[name="NUM"].value: expected string, '
+                               'got &value.valueUnstructured{Value:5}')
+    assert refused_for_content(typed) and permanent_refusal(typed)
+    assert permanent_refusal(api_exception(422, 'Deployment.apps "x" is invalid: spec.template...'))
+    assert permanent_refusal(api_exception(403, 'exceeded quota: no-deployments'))
+    for transient in (api_exception(500, "etcdserver: request timed out"), api_exception(409, "conflict"),
+                      api_exception(500, "Internal error occurred: resource quota evaluation timed out")):
+        assert not permanent_refusal(transient), transient.body

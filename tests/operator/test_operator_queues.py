@@ -357,3 +357,67 @@ async def test_a_queue_the_watch_has_not_reported_is_reconciled_within_seconds(k
         apply(plane, ns, queue_manifest("unreported", redis_url))
         await wait_for_async(lambda: get(plane, ns, "deployment", "unreported-worker"), timeout=15,
                              what="a worker Deployment")
+
+
+def test_a_spec_the_api_server_refuses_is_stalled_and_scaling_goes_on(kube_control_plane, kube_namespace,
+                                                                      start_operator, redis_url, kstatus):
+    """Issue 35, defect 5. An env value of the wrong type passes the CRD (env items keep
+    unknown fields) and the Deployment's apply is answered 500 "expected string": it read
+    DeploymentFailed with Reconciling=True, Stalled=False, kstatus InProgress for ever; and
+    as replicas travel in that apply, the Queue never scaled (300 tasks at 1 replica)."""
+    plane, ns = kube_control_plane, kube_namespace
+    start_operator()
+    fast = {"pollIntervalSeconds": 1, "scaleDownStabilizationSeconds": 60, "cooldownSeconds": 60}
+    apply(plane, ns, queue_manifest("emails", redis_url, scaling=fast))
+    wait_for(lambda: get(plane, ns, "deployment", "emails-worker"), what="worker Deployment")
+    plane.kubectl("wait", "--for=condition=Ready", "queue/emails", "-n", ns, "--timeout=30s")
+    replicas = lambda: get(plane, ns, "deployment", "emails-worker")["spec"]["replicas"]  # noqa: E731
+    assert replicas() == 0
+
+    plane.kubectl("patch", "queue", "emails", "-n", ns, "--type=merge",
+                  "-p", json.dumps({"spec": {"worker": {"env": [{"name": "NUM", "value": 5}]}}}))
+
+    def ready():
+        c = condition(get(plane, ns, "queue", "emails"), "Ready")
+        return c if c and c["status"] == "False" and c["reason"] == "DeploymentFailed" else None
+
+    refused = wait_for(ready, timeout=20, what="the refused apply reported")
+    assert "expected string" in refused["message"] and "NUM" in refused["message"], refused
+    queue = wait_for(lambda: (q := get(plane, ns, "queue", "emails")) and condition(q, "Stalled")["status"] == "True"
+                     and q, timeout=10, what="Stalled")
+    assert condition(queue, "Reconciling")["status"] == "False" and kstatus(queue).status == "Failed"
+    assert ("Warning", "DeploymentFailed") in [(t, r) for t, r, _ in events(plane, ns, "emails")]
+
+    # Work arrives: the Deployment (its last good template) is scaled all the same.
+    q = effectmq.SyncTaskQueue(f"{ns}/emails", url=redis_url)
+    try:
+        q.offer_many([("send_email", {"to": "a@b.c"})] * 200)  # 4 replicas at 50 per replica
+    finally:
+        q.close()
+    wait_for(lambda: replicas() == 4, timeout=20, what="scaled while the template is refused")
+    deployment = get(plane, ns, "deployment", "emails-worker")
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert "NUM" not in [e["name"] for e in env]  # the refused template is not there
+    status = wait_for(lambda: (s := get(plane, ns, "queue", "emails")["status"]).get("desiredReplicas") == 4 and s,
+                      timeout=10, what="the scaling decision in status")
+    assert condition({"status": status}, "Ready")["reason"] == "DeploymentFailed"
+    assert "replicas still follow the backlog" in condition({"status": status}, "Ready")["message"]
+
+    # Fixed: the template goes out and the Queue heals.
+    plane.kubectl("patch", "queue", "emails", "-n", ns, "--type=merge",
+                  "-p", json.dumps({"spec": {"worker": {"env": [{"name": "NUM", "value": "5"}]}}}))
+    wait_for(lambda: "NUM" in [e["name"] for e in get(plane, ns, "deployment", "emails-worker")["spec"]["template"]
+                               ["spec"]["containers"][0]["env"]], timeout=20, what="the fixed template applied")
+    wait_for(lambda: condition(get(plane, ns, "queue", "emails"), "Ready")["reason"] != "DeploymentFailed",
+             timeout=20, what="DeploymentFailed cleared")
+    assert replicas() == 4
+
+    # A Queue whose Deployment can never be created says that no worker runs.
+    broken = yaml.safe_load(queue_manifest("billing", redis_url, scaling=fast))
+    broken["spec"]["worker"]["env"] = [{"name": "NUM", "value": 5}]
+    apply(plane, ns, yaml.safe_dump(broken))
+    c = wait_for(lambda: (c := condition(get(plane, ns, "queue", "billing"), "Ready")) and c["status"] == "False"
+                 and c["reason"] == "DeploymentFailed" and c, timeout=20, what="billing refused")
+    assert "no worker runs until it can be created" in c["message"], c
+    assert condition(get(plane, ns, "queue", "billing"), "Stalled")["status"] == "True"
+    assert get(plane, ns, "deployment", "billing-worker") is None
