@@ -12,6 +12,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 from typing import Any, Callable
 
@@ -23,6 +24,57 @@ from .queue import TaskQueue
 from .worker import Worker
 
 log = logging.getLogger("effectmq.cli")
+
+
+class StopSignals:
+    """SIGTERM and SIGINT for `effectmq worker`, from the first line of main() on.
+
+    Before, the worker's handler came only with Worker.run(), after the handler module
+    was imported: a SIGTERM in between did what the default does, and in a container,
+    where the worker is PID 1, the kernel drops a signal PID 1 has no handler for. A pod
+    deleted in its first second went on taking tasks until the kubelet's SIGKILL.
+    Now a signal before the worker exists is remembered and the worker, once made, is
+    stopped before it serves: it never acquires. Once it exists, a signal stops it
+    (drains). A second signal before it exists ends the process at once (an import that
+    hangs must stay interruptible). Worker.run() puts in its own handlers and gives
+    these back when it returns."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._worker: Worker | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in self.SIGNALS:
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # main() called off the main thread: Worker.run() cannot either
+                return
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def attach(self, worker: Worker) -> None:
+        """From now on a signal stops `worker`; one that came before already has."""
+        self._loop, self._worker = asyncio.get_running_loop(), worker
+        if self.received is not None:
+            log.info("%s before the worker started: stopping without serving", signal.Signals(self.received).name)
+            worker.stop()
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        # Python runs this in the main thread, between two bytecodes of whatever runs.
+        if self._worker is not None and self._loop is not None:
+            if not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self._worker.stop)
+        elif self.received is None:
+            self.received = signum
+        else:
+            raise SystemExit(128 + signum)
 
 
 def load_target(spec: str) -> App | dict:
@@ -87,6 +139,9 @@ async def cmd_worker(args) -> int:
                     maintenance_interval=args.maintenance_interval, maintenance_batch=args.maintenance_batch,
                     metrics_port=args.metrics_port, loop_block_warning=args.loop_block_warning or None,
                     name=env("EFFECTMQ_WORKER_NAME") or env("HOSTNAME"))
+    stop_signals: StopSignals | None = getattr(args, "stop_signals", None)
+    if stop_signals is not None:
+        stop_signals.attach(worker)
     try:
         await worker.run()
     finally:
@@ -272,11 +327,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # A worker handles SIGTERM before anything else it does (parsing imports the CLI
+    # extensions, then the handler module is imported): see StopSignals.
+    stop_signals = StopSignals() if argv[:1] == ["worker"] else None
+    if stop_signals is not None:
+        stop_signals.install()
+    try:
+        return _run(argv, stop_signals)
+    finally:
+        if stop_signals is not None:
+            stop_signals.uninstall()
+
+
+def _run(argv: list[str], stop_signals: StopSignals | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(args, "log_level", "INFO").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "worker" and not args.handlers:
         print("effectmq: worker needs handlers (module:attr or EFFECTMQ_HANDLERS)", file=sys.stderr)
         return 2
+    args.stop_signals = stop_signals
     try:
         with asyncio.Runner(loop_factory=loop_factory(getattr(args, "loop", "asyncio"))) as runner:
             return runner.run(args.run(args))

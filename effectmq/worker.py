@@ -241,10 +241,13 @@ class Worker:
     async def run(self) -> None:
         """Serve until stop() (or SIGTERM); raises the error that made a loop give up, if any."""
         loop = asyncio.get_running_loop()
+        replaced: dict[signal.Signals, Any] = {}  # the handlers there before ours (the CLI's), put back at the end
         if self.install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    before = signal.getsignal(sig)
                     loop.add_signal_handler(sig, self.stop)
+                    replaced[sig] = before
         if self.metrics_port is not None:
             metrics.start_server(self.metrics_port, ready=lambda: self.ready and not self._stopping.is_set())
         helpers: list[asyncio.Task] = []
@@ -281,10 +284,11 @@ class Worker:
             if wake is not None:
                 await wake.close(HELPER_STOP_TIMEOUT)
             self._executor.shutdown(wait=False, cancel_futures=True)
-            if self.install_signal_handlers:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    with contextlib.suppress(Exception):
-                        loop.remove_signal_handler(sig)
+            for sig, before in replaced.items():
+                with contextlib.suppress(Exception):
+                    loop.remove_signal_handler(sig)
+                    if before is not None:
+                        signal.signal(sig, before)
             log.info("worker %s stopped after %d attempts", self.name, self.processed)
         if self._fatal is not None:
             raise self._fatal
