@@ -381,6 +381,8 @@ def _workers_check(facts: QueueFacts, now: float) -> tuple[Check, Problem | None
             message += f", {pods.total - pods.available} starting"
         if pods.old_available:
             message += f"; {pods.old_available} of the previous template still serving"
+    elif d.observed_generation < d.generation:  # its counts are still those of the previous template
+        message = f"the Deployment controller has not yet seen generation {d.generation} of the worker Deployment"
     else:
         # Without the pods: availableReplicas counts old pods too; those of the new template
         # are at least what is available beyond the old pods (status.replicas - updated).

@@ -271,6 +271,11 @@ def test_an_old_pod_is_never_available_for_a_new_template():
                            decision=None, replicas_before=None, now=NOW)
     message = next(c for c in unknown.status["conditions"] if c["type"] == "Ready")["message"]
     assert "at least 0 of them available" in message, message
+    # nor are the counts of a Deployment whose controller has not seen the new template yet
+    unseen = rollout(replicas=1, current=1, updated=1, available=1, observed=2)
+    plan = health(unseen, [old])
+    message = next(c for c in plan.status["conditions"] if c["type"] == "Ready")["message"]
+    assert conds(plan)["Ready"] == ("False", "RollingOut") and "available" not in message, message
 
 
 def test_a_failing_pod_of_an_earlier_template_is_not_the_current_ones_problem():

@@ -163,10 +163,18 @@ def test_a_broken_new_template_is_failed_while_the_old_pod_still_serves(kube_con
     new = wait_for(lambda: [p for p in worker_pods(plane, ns, "emails") if p["metadata"]["name"] != old_name],
                    timeout=20, what="the pod of the new template")
     new_name = new[0]["metadata"]["name"]
-    rolling = wait_for(lambda: (s := state(plane, ns, "emails", "WorkersDeployed")) and s[0] == "False" and s,
-                       timeout=JUDGED_WITHIN, what="the rollout seen")
-    assert "1 available" not in rolling[2] and "0 of 1 replicas of the current template available" in rolling[2], \
-        rolling
+    seen = set()
+
+    def rolling():
+        s = state(plane, ns, "emails", "WorkersDeployed")
+        if s and s[0] == "False":
+            seen.add(s[2])
+            return "of the current template" in s[2] and s
+        return None
+
+    judged = wait_for(rolling, timeout=JUDGED_WITHIN, what="the rollout seen")
+    assert "0 of 1 replicas of the current template available" in judged[2], judged
+    assert not [m for m in seen if "1 available" in m or "at least 1" in m], seen  # the old pod is not the new one
 
     kubelet_reports(plane, ns, new_name, **kubelet)
     wait_for(lambda: kstatus(get(plane, ns, "queue", "emails")).status == "Failed", timeout=JUDGED_WITHIN,
