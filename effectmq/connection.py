@@ -143,6 +143,8 @@ class TlsOptions:
             if self.insecure:
                 options["ssl_cert_reqs"] = "none"
                 options["ssl_check_hostname"] = False
+            else:  # redis-py before 6.0 checked the certificate but not the name on it
+                options["ssl_check_hostname"] = True
         return url, options
 
 
