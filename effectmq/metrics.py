@@ -46,11 +46,46 @@ def record_stats(stats) -> None:
     OLDEST_WAITING.labels(stats.queue).set(stats.oldest_waiting_seconds)
 
 
+# A connection is served by one of at most this many threads, and closed when it sends
+# nothing for this long: idle or slow clients cannot pile up a thread each.
+SERVER_THREADS = 8
+SERVER_IDLE_TIMEOUT = 2.0
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with at most `threads` connections served at once: one more is
+    closed at once, without a thread (Prometheus and the kubelet try again)."""
+
+    daemon_threads = True
+    request_queue_size = 128  # the listen backlog (socketserver's 5 made connects wait seconds)
+
+    def __init__(self, address: tuple[str, int], handler: type, threads: int):
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(threads)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 def start_server(port: int, addr: str = "0.0.0.0", ready: Callable[[], bool] | None = None) -> ThreadingHTTPServer:
     """Serve Prometheus metrics (any path) and the probes /livez (the process answers)
     and /readyz (200 while `ready()`, 503 otherwise) from a daemon thread."""
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = SERVER_IDLE_TIMEOUT
+
+        def version_string(self) -> str:  # no versions in the Server header
+            return "effectmq"
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/livez":
@@ -72,8 +107,7 @@ def start_server(port: int, addr: str = "0.0.0.0", ready: Callable[[], bool] | N
         def log_message(self, format: str, *args: Any) -> None:  # probes every few seconds: no log line each
             pass
 
-    server = ThreadingHTTPServer((addr, port), Handler)
-    server.daemon_threads = True
+    server = _BoundedServer((addr, port), Handler, SERVER_THREADS)
     threading.Thread(target=server.serve_forever, name="effectmq-metrics", daemon=True).start()
     return server
 
