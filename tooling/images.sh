@@ -25,7 +25,9 @@
 #
 # Builds reach PyPI with this machine's CA bundle and pip configuration mounted
 # read-only (never copied into a layer); the base reaches only the Debian mirror
-# of this machine's apt sources. Needs root (or sudo) for debootstrap and buildah.
+# of this machine's apt sources, and so do the apt-get steps of the worker image
+# (tini, PID 1 in front of the worker: worker_image/effectmq-pid1.sh) and of the
+# Redis image. Needs root (or sudo) for debootstrap and buildah.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -70,7 +72,7 @@ declare -A dockerfile=(
 # drop __pycache__ and *.pyc, and so does the hash).
 declare -A inputs=(
     [operator]="pyproject.toml README.md LICENSE effectmq operator/effectmq_operator operator/Dockerfile.dockerignore"
-    [worker]="pyproject.toml README.md LICENSE effectmq operator/effectmq_operator worker_image/Dockerfile.dockerignore"
+    [worker]="pyproject.toml README.md LICENSE effectmq operator/effectmq_operator worker_image/effectmq-pid1.sh worker_image/Dockerfile.dockerignore"
     [example]="examples/shop worker_image/example.Dockerfile.dockerignore"
     [redis]="tooling/images/redis.Dockerfile.dockerignore"
 )

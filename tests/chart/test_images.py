@@ -120,6 +120,24 @@ def test_entrypoints_are_the_console_scripts():
     assert {"8080", "9090"} <= set(operator.final.last("EXPOSE").args.split())
 
 
+def test_worker_image_runs_effectmq_under_tini_as_pid1():
+    """PID 1 drops the signals it has no handler for, so the worker must not be PID 1:
+    Debian's tini is installed, and the `effectmq` first on PATH execs it when PID 1
+    (the Deployment's `command: [effectmq, worker]` replaces the ENTRYPOINT, so tini
+    in the ENTRYPOINT alone would never run in a worker pod). The built image is run as
+    PID 1 in tests/chart/test_images_built.py."""
+    worker = dockerfile.parse(WORKER)
+    final = worker.final
+    assert any(re.search(r"apt-get install -y --no-install-recommends tini=\S+", i.args) for i in final.all("RUN"))
+    assert (["worker_image/effectmq-pid1.sh"], "/opt/effectmq/init/effectmq") in worker.copies(final)
+    assert worker.env()["PATH"].split(":")[:2] == ["/opt/effectmq/init", "/opt/effectmq/bin"]
+    shim = (ROOT / "worker_image" / "effectmq-pid1.sh")
+    assert os.access(shim, os.X_OK) and "!worker_image/effectmq-pid1.sh" in WORKER.with_name(
+        "Dockerfile.dockerignore").read_text().splitlines()
+    script = shim.read_text()
+    assert 'if [ "$$" = 1 ]' in script and "exec tini -- /opt/effectmq/bin/effectmq" in script
+
+
 # --------------------------------------------------------------------------
 # Must show 4: the worker image's entrypoint processes the example tasks
 

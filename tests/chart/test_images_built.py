@@ -4,6 +4,8 @@ archives; each archive is checked as an OCI layout carrying the name the chart o
 the examples reference, then imported into a fresh buildah storage and run:
 the entrypoints answer, the user is the non-root one the chart's securityContext
 names, and nothing of this machine's pip configuration or CA bundle is in a layer.
+The worker images' `effectmq`, started as PID 1 of a PID namespace (as a container
+runtime starts it), runs under tini and stops on a SIGTERM at any moment of its start.
 
 Building needs root (or passwordless sudo) for debootstrap and buildah's chroot
 isolation: without it the tests skip locally and fail under CI=true. A build that
@@ -15,13 +17,16 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+import effectmq
 from tests.fixtures.kube import unavailable
 from tests.support.processes import ROOT
 
@@ -238,3 +243,103 @@ def test_redis_image_serves_the_chart(buildah, containers):
     assert run_ok(buildah, container, "id", "-u").strip() == "999"
     # /data (the chart's volume) is the redis user's
     assert (rootfs / "data").stat().st_uid == 999
+
+
+# --------------------------------------------------------------------------
+# PID 1: a SIGTERM in the first second of a worker container is not lost
+
+
+def start_as_pid1(rootfs: Path, config: dict, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """`argv` as a container runtime starts it: PID 1 of a new PID namespace, in the image's
+    root filesystem, as the image's user, with only the image's environment and `env`, in
+    its working directory. (This machine's network: Redis on loopback answers.)"""
+    image_env = dict(e.split("=", 1) for e in config.get("Env", []))
+    variables = [f"{k}={v}" for k, v in {**image_env, **env}.items()]
+    workdir = config.get("WorkingDir") or "/"
+    return subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", "chroot", f"--userspec={config['User']}", str(rootfs),
+         "/usr/bin/env", "-i", *variables, "/bin/sh", "-c", 'cd "$0" && exec "$@"', workdir, *argv],
+        stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+
+
+def container_init(proc: subprocess.Popen, timeout: float = 10.0) -> int:
+    """The host pid of the PID 1 that `unshare --fork` started."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.005)
+    raise AssertionError("no PID 1 started")
+
+
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def test_worker_images_put_tini_in_front_of_effectmq(image_archives, containers):
+    """tini is installed, and `effectmq` on PATH is the script that runs it when PID 1:
+    the operator's Deployment sets `command: [effectmq, worker]`, which replaces the
+    ENTRYPOINT, so tini cannot be only in the ENTRYPOINT."""
+    for name in ("worker", "example"):
+        _, rootfs = containers[name]
+        assert (rootfs / "usr/bin/tini").is_file(), name
+        config = read_archive(image_archives[name])[2]["config"]
+        path = dict(e.split("=", 1) for e in config["Env"])["PATH"].split(":")
+        assert path[:2] == ["/opt/effectmq/init", "/opt/effectmq/bin"], path
+        shim = rootfs / "opt/effectmq/init/effectmq"
+        assert shim.stat().st_mode & 0o111 and shim.read_text() == (ROOT / "worker_image/effectmq-pid1.sh").read_text()
+
+
+def test_example_image_runs_effectmq_as_pid1_under_tini(image_archives, containers, redis_url, tmp_path):
+    """The example image (the worker image plus handlers) started as a runtime starts it:
+    PID 1 is tini, the worker its child; a SIGTERM at any moment of the start ends it
+    and it takes no task (before, PID 1 was the worker, which dropped the signal until
+    it had its handler)."""
+    if subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True).returncode != 0:
+        unavailable("unshare --pid --fork does not work here (needs root)")
+    _, rootfs = containers["example"]
+    config = read_archive(image_archives["example"])[2]["config"]
+    env = {"EFFECTMQ_QUEUE": "pid1", "EFFECTMQ_REDIS_URL": redis_url, "EFFECTMQ_DRAIN_TIMEOUT": "1"}
+    q = effectmq.SyncTaskQueue("pid1", url=redis_url)
+    try:
+        # 1. Serving: PID 1 is tini, the worker its child; a SIGTERM drains it (exit 0).
+        proc = start_as_pid1(rootfs, config, config["Entrypoint"], env, tmp_path / "serving.log")
+        try:
+            init = container_init(proc)
+            done = q.offer("send_email", {"to": "pid1@example.com"}).task_id
+            assert q.wait(done, timeout=60)["delivered_to"] == "pid1@example.com"
+            assert comm(init) == "tini", comm(init)
+            (child,) = Path(f"/proc/{init}/task/{init}/children").read_text().split()
+            assert "effectmq\0worker" in Path(f"/proc/{child}/cmdline").read_text()
+            os.kill(init, signal.SIGTERM)
+            assert proc.wait(20) == 0, (tmp_path / "serving.log").read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        # 2. A SIGTERM 0.1 to 0.9 s into the start, before the worker may have a handler of
+        # its own: forwarded, never lost. The process ends; the task waits (a worker that
+        # was already serving drained it: released, not stalled).
+        for delay in (0.1, 0.3, 0.6, 0.9):
+            waiting = q.offer("send_report", {"report": "never", "seconds": 30}).task_id
+            log = tmp_path / f"start-{delay}.log"
+            proc = start_as_pid1(rootfs, config, config["Entrypoint"], env, log)
+            try:
+                init = container_init(proc)
+                time.sleep(delay)
+                os.kill(init, signal.SIGTERM)
+                code = proc.wait(20)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"SIGTERM {delay}s into the start was lost:\n{log.read_text()[-3000:]}") from None
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+            assert code in (0, 128 + signal.SIGTERM), (delay, code, log.read_text()[-3000:])
+            info = q.get(waiting)
+            assert info.state == "waiting" and info.stalled_attempt_count == 0, (delay, info)
+            q.cancel(waiting)
+    finally:
+        q.close()

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import calendar
 import json
+import os
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -239,6 +241,111 @@ def test_force_deleted_pod_mid_task_stalls_once_and_the_task_completes_elsewhere
     info = q.get(task)
     assert info.stalled_attempt_count == 1 and info.state == "completed", info
     assert result["handled_by"] != victim and result["handled_by"].startswith("emails-worker-"), result
+    scale(c, minReplicas=0, maxReplicas=4)
+
+
+def worker_env(pid: int) -> dict[str, str]:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return {}
+    return dict(item.decode(errors="replace").split("=", 1) for item in environ if b"=" in item)
+
+
+def started_at(pid: int) -> float:
+    """When a process started, in seconds of CLOCK_BOOTTIME (/proc/<pid>/stat, field 22)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def new_processes(known: set[int]) -> list[int]:
+    """Processes of this machine (the node's pods are some) not in `known`; one that has
+    run for 2 s joins `known` (a container's first process starts as `runc init` and
+    gets the container's environment when it execs, within milliseconds)."""
+    fresh = []
+    for pid in [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in known]:
+        try:
+            if time.clock_gettime(time.CLOCK_BOOTTIME) - started_at(pid) > 2:
+                known.add(pid)
+            fresh.append(pid)
+        except OSError:
+            known.add(pid)  # gone
+    return fresh
+
+
+def delete_in_its_sandbox(c, known: set[int], timeout: float) -> str:
+    """Delete the next worker pod the moment its sandbox (its `pause` process) runs: the
+    kubelet, which is starting the pod, starts its container and then stops it within
+    its first second, as the issue saw it. The pod's name."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in new_processes(known):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() != "pause":
+                    continue
+                cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+            except OSError:
+                continue
+            known.add(pid)
+            for pod in worker_pods(c):
+                uid = pod["metadata"]["uid"]
+                if uid in cgroup or uid.replace("-", "_") in cgroup:
+                    c.kubectl("delete", "pod", pod["metadata"]["name"], "-n", NS, "--wait=false")
+                    return pod["metadata"]["name"]
+        time.sleep(0.01)
+    raise AssertionError(f"no worker pod sandbox started within {timeout}s")
+
+
+def worker_container_of(pod: str, known: set[int], timeout: float) -> int | None:
+    """The first process (PID 1) of the worker container of `pod`, seen within ~10 ms of
+    its exec; None when the kubelet did not start it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in new_processes(known):
+            if worker_env(pid).get("EFFECTMQ_WORKER_NAME") == pod:
+                while True:  # tini's child: its parent is the container's first process
+                    try:
+                        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                    except OSError:
+                        break
+                    if worker_env(parent).get("EFFECTMQ_WORKER_NAME") != pod:
+                        break
+                    pid = parent
+                return pid
+        time.sleep(0.01)
+    return None
+
+
+def test_a_worker_pod_deleted_in_its_first_second_stops_at_once_and_strands_nothing(release, q):
+    """Before, `effectmq worker` was the container's PID 1 and installed its SIGTERM handler
+    only once serving: the kernel drops a signal PID 1 has no handler for, so a pod deleted
+    as it started went on taking tasks while Terminating and was SIGKILLed at the end of
+    its grace period (8 s here), mid-task: a stall. (With the images before tini this test
+    failed: "deleted 0.04s into its start ran on for 8.3s".) tini is PID 1 now and forwards
+    the signal; the worker stops whenever it comes."""
+    c = release
+    scale(c, minReplicas=0, maxReplicas=1)
+    wait_for(lambda: deployment_replicas(c) == 0 and not worker_pods(c), timeout=120, interval=0.5,
+             what="no worker pods")
+    known = {int(p) for p in os.listdir("/proc") if p.isdigit()}
+    task = q.offer("send_report", {"report": "first-second", "seconds": 10}).task_id  # longer than the grace
+    for attempt in range(3):  # the operator scales from zero; a deleted pod's replacement is the next try
+        pod = delete_in_its_sandbox(c, known, timeout=120)
+        deleted_at = time.clock_gettime(time.CLOCK_BOOTTIME)
+        pid = worker_container_of(pod, known, timeout=20)
+        if pid is not None:
+            break  # else the kubelet gave up starting it: nothing to show with this one
+    else:
+        raise AssertionError("three pods deleted in their sandbox, and the kubelet started none of their containers")
+    started = started_at(pid)
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), timeout=30, interval=0.05, what="the container ended")
+    ran = time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    # the grace period is 8 s: a clean stop (draining at most EFFECTMQ_DRAIN_TIMEOUT, 3 s), not the SIGKILL
+    assert ran < 7, f"pod {pod}, deleted as it started, ran on for {ran:.1f}s"
+    result = q.wait(task, timeout=120)
+    info = q.get(task)
+    assert info.state == "completed" and info.stalled_attempt_count == 0, info
+    assert result["handled_by"] != pod, (result, pod)
+    print(f"pod {pod} deleted; its container started {started - deleted_at:+.2f}s after that and ran {ran:.1f}s")
     scale(c, minReplicas=0, maxReplicas=4)
 
 
