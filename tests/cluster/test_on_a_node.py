@@ -320,8 +320,8 @@ def test_a_worker_pod_deleted_in_its_first_second_stops_at_once_and_strands_noth
     only once serving: the kernel drops a signal PID 1 has no handler for, so a pod deleted
     as it started went on taking tasks while Terminating and was SIGKILLed at the end of
     its grace period (8 s here), mid-task: a stall. (With the images before tini this test
-    failed: "deleted 0.04s into its start ran on for 8.3s".) tini is PID 1 now and forwards
-    the signal; the worker stops whenever it comes."""
+    failed: "pod ..., deleted as it started, ran on for 8.3s".) tini is PID 1 now and
+    forwards the signal; the worker stops whenever it comes."""
     c = release
     scale(c, minReplicas=0, maxReplicas=1)
     wait_for(lambda: deployment_replicas(c) == 0 and not worker_pods(c), timeout=120, interval=0.5,
