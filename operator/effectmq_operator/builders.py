@@ -118,6 +118,9 @@ def worker_deployment(namespace: str, name: str, spec: QueueSpec, replicas: int,
         "resources": worker.resources,
         "securityContext": RESTRICTED_CONTAINER,
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        # A worker that dies at start (a wrong handler module) leaves no termination
+        # message file: the last lines of its log say why (the Queue's status shows them).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
     ca_ref = spec.redis.tls.ca_from
@@ -134,6 +137,8 @@ def worker_deployment(namespace: str, name: str, spec: QueueSpec, replicas: int,
     for key in ("nodeSelector", "tolerations", "affinity", "serviceAccountName", "imagePullSecrets"):
         if template.get(key):
             pod_spec[key] = template[key]
+    if not template.get("serviceAccountName"):  # the worker never calls the API server: no token
+        pod_spec["automountServiceAccountToken"] = False
     body: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -41,6 +41,10 @@ def test_worker_deployment_runs_the_queue_handlers():
     assert d["spec"]["selector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
     sc = c["securityContext"]
     assert sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
+    # issue 36: a worker never calls the API server, so it mounts no token; issue 35: a
+    # worker that dies at start leaves its last log lines as the termination message
+    assert pod["automountServiceAccountToken"] is False
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
 def test_secret_url_tls_and_pod_template_overrides():
@@ -59,6 +63,7 @@ def test_secret_url_tls_and_pod_template_overrides():
     assert env["EFFECTMQ_REDIS_CA_FILE"]["value"] == "/etc/effectmq/redis-ca/ca.crt"
     pod = d["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"pool": "jobs"} and pod["serviceAccountName"] == "runner"
+    assert "automountServiceAccountToken" not in pod  # a ServiceAccount of the user's: its own setting decides
     assert pod["tolerations"][0]["key"] == "jobs"
     assert {"name": "redis-ca", "secret": {"secretName": "ca", "items": [{"key": "ca.pem", "path": "ca.crt"}]}} \
         in pod["volumes"]
