@@ -82,7 +82,10 @@ def load_target(spec: str) -> App | dict:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise SystemExit(f"effectmq: handlers must look like 'package.module:app', got {spec!r}")
-    sys.path.insert(0, os.getcwd())
+    # The working directory after the standard library and the installed packages, never
+    # ahead of them: a writable folder first on the path could shadow any module.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
