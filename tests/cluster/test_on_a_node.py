@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 import effectmq
 from tests.fixtures.cluster import normalized_reference
@@ -389,6 +390,180 @@ def test_schedule_ticks_run_as_tasks_in_worker_pods_one_task_per_tick(release, q
         info = q.get(task_id)
         assert info.attempt == 1 and result["report"] == "digest", info
         assert result["handled_by"].startswith("emails-worker-"), result
+
+
+WRONG_HANDLERS = "shop.taskz:app"  # examples/shop has shop.tasks, not shop.taskz
+STALL_BOUND = 150.0  # seconds from the offer (or the edit) to Stalled=True and kstatus Failed; see below
+
+
+def side_queue(name: str, handlers: str, min_replicas: int) -> dict:
+    """A Queue next to the example's, on the example image and the bundled Redis."""
+    queue = yaml.safe_load((EXAMPLES / "queue.yaml").read_text())
+    queue["metadata"] = {"name": name, "namespace": NS}
+    spec = queue["spec"]
+    spec.update(lockTimeoutSeconds=6, lockRefreshSeconds=2)
+    spec["worker"].update(handlers=handlers, concurrency=1, terminationGracePeriodSeconds=8,
+                          resources={"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}})
+    spec["scaling"] = {"minReplicas": min_replicas, "maxReplicas": 1, "targetTasksPerReplica": 50,
+                       "pollIntervalSeconds": 2, "scaleDownStabilizationSeconds": 5, "cooldownSeconds": 10}
+    return queue
+
+
+class Verdicts:
+    """What the status of one Queue and kstatus said over time, from `start` on."""
+
+    def __init__(self, c, kstatus, name: str, start: float, generation: int | None = None):
+        self.c, self.kstatus, self.name, self.start, self.generation = c, kstatus, name, start, generation
+        self.seen: list[tuple[float, str, str, str]] = []  # (s since start, kstatus, Ready reason, Ready message)
+        self.stalled_at: float | None = None
+        self.failed_at: float | None = None
+        self.queue: dict = {}
+
+    def poll(self) -> None:
+        queue = self.c.kubectl_json("get", "queue", self.name, "-n", NS)
+        at = time.monotonic() - self.start
+        generation = queue["metadata"]["generation"]
+        conds = {c["type"]: c for c in queue.get("status", {}).get("conditions") or []}
+        if self.generation is not None and (conds.get("Ready") or {}).get("observedGeneration") != generation:
+            return  # the operator has not judged the edited spec yet
+        judged = self.kstatus(queue)
+        ready = conds.get("Ready") or {}
+        self.seen.append((at, judged.status, ready.get("reason", ""), ready.get("message", "")))
+        self.queue = queue
+        stalled = conds.get("Stalled") or {}
+        if self.stalled_at is None and stalled.get("status") == "True":
+            self.stalled_at = at
+        if self.failed_at is None and judged.status == "Failed":
+            self.failed_at = at
+
+    @property
+    def done(self) -> bool:
+        return self.stalled_at is not None and self.failed_at is not None
+
+    def condition(self, kind: str) -> dict:
+        return next(c for c in self.queue["status"]["conditions"] if c["type"] == kind)
+
+    def story(self) -> str:
+        """The distinct verdicts, in order, for a failure message and the log."""
+        lines, last = [], None
+        for at, judged, reason, message in self.seen:
+            if (judged, reason, message) != last:
+                lines.append(f"  {at:6.1f}s kstatus {judged}, Ready=False {reason}: {message}")
+                last = (judged, reason, message)
+        return "\n".join(lines)
+
+
+def waiting_for_ready(c, name: str, timeout: float) -> subprocess.Popen:
+    """`kubectl wait --for=condition=Ready` as a user runs it, in the background."""
+    return subprocess.Popen(
+        [str(c.plane.bin_dir / "kubectl"), f"--kubeconfig={c.kubeconfig}", "-n", NS, "wait",
+         "--for=condition=Ready", f"queue/{name}", f"--timeout={timeout:g}s"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def queue_ready(c, name: str) -> str | None:
+    queue = c.kubectl_json("get", "queue", name, "-n", NS)
+    return next((x["status"] for x in queue.get("status", {}).get("conditions") or [] if x["type"] == "Ready"), None)
+
+
+def crash_record(c, name: str) -> str:
+    """The worker pods of a Queue: restarts, and when the worker container first started."""
+    pods = c.kubectl_json("get", "pods", "-n", NS, "-l", f"app.kubernetes.io/instance={name}")["items"]
+    out = []
+    for pod in pods:
+        for s in pod["status"].get("containerStatuses") or []:
+            state = {**(s.get("lastState") or {}), **(s.get("state") or {})}
+            out.append(f"{pod['metadata']['name']} (created {pod['metadata']['creationTimestamp']}): "
+                       f"{s.get('restartCount')} restarts, ready={s.get('ready')}, state {sorted(state)}")
+    return "; ".join(out) or "no pods"
+
+
+def test_a_wrong_handler_module_is_stalled_and_failed_within_the_bound_from_zero_and_over_running_pods(release, redis_url, kstatus):
+    """Issue 35, defect 2 (Must show 3), on the real kubelet. Two Queues on the example image,
+    side by side so the bound is waited out once: `broken` has handlers shop.taskz:app (no such
+    module) and minReplicas 0, and gets 5 tasks (a scale-up from zero, which the Deployment
+    controller never judges); `renamed` runs shop.tasks:app with one Ready pod, then its
+    handlers are edited to shop.taskz:app (a rollout over a running, serving pod).
+
+    For each, `kubectl wait --for=condition=Ready --timeout=150s`, started at the offer or the
+    edit, times out, and before those 150 s the status says Stalled=True WorkersCrashLooping
+    quoting the import error and kstatus says Failed. The bound: the operator stalls a crash
+    loop at 3 restarts (not ready for 30 s); at the kubelet's back-off (at most 10, 20, 40 s)
+    the third restart comes at most about 75 s after the first start, plus the pod's start
+    (a scale-up poll every 2 s), the operator's pod check (at least every 10 s) and this
+    machine's load: 150 s. Measured on this node (2 shared cores): restarts seen at 7, 26 and
+    48 s after the offer, Stalled and Failed at 48.5 s from zero and 58.3 s after the edit.
+    And no verdict on the edited spec calls the old pod available. (Before 97234d0, from zero
+    read RollingOut / kstatus InProgress for ever, and the edit "1 of 1 replicas updated,
+    1 available".)"""
+    c = release
+    names, waits = ("broken", "renamed"), {}
+    c.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        side_queue("broken", WRONG_HANDLERS, 0), side_queue("renamed", "shop.tasks:app", 1)]}))
+    try:
+        # at zero the broken Queue is truthfully Ready (no worker runs it yet); the other serves
+        c.kubectl("wait", "-n", NS, "--for=condition=Ready", "queue/broken", "queue/renamed", "--timeout=120s",
+                  timeout=130)
+        wait_for(lambda: c.kubectl_json("get", "deployment", "renamed-worker", "-n", NS)["status"]
+                 .get("availableReplicas") == 1, timeout=30, what="renamed's worker available")
+        q = effectmq.SyncTaskQueue(f"{NS}/broken", url=redis_url)
+        try:
+            q.offer_many(("send_email", {"to": f"nobody{i}@example.com"}) for i in range(5))
+        finally:
+            q.close()
+        offered = time.monotonic()
+        # Ready until the operator's next poll (2 s) reads the backlog and scales up; a wait
+        # begun before that would see the Ready it had at zero
+        wait_for(lambda: queue_ready(c, "broken") != "True", timeout=30, interval=0.25,
+                 what="broken no longer Ready once it has tasks")
+        print(f"\nbroken left Ready {time.monotonic() - offered:.1f}s after the offer")
+        waits["broken"] = waiting_for_ready(c, "broken", STALL_BOUND)
+        patch(c, "queue", "renamed", {"spec": {"worker": {"handlers": WRONG_HANDLERS}}})
+        edited = time.monotonic()
+        waits["renamed"] = waiting_for_ready(c, "renamed", STALL_BOUND)
+        generation = c.kubectl_json("get", "queue", "renamed", "-n", NS)["metadata"]["generation"]
+        verdicts = {"broken": Verdicts(c, kstatus, "broken", offered),
+                    "renamed": Verdicts(c, kstatus, "renamed", edited, generation)}
+        while not all(v.done for v in verdicts.values()) and time.monotonic() - offered < STALL_BOUND + 5:
+            for v in verdicts.values():
+                if not v.done:
+                    v.poll()
+            time.sleep(1)
+        records = {name: crash_record(c, name) for name in names}
+        outputs = {name: w.communicate(timeout=STALL_BOUND + 30)[0] for name, w in waits.items()}
+        waited = time.monotonic() - offered
+        for name in names:
+            v = verdicts[name]
+            print(f"\n{name}: Stalled after {v.stalled_at}s, kstatus Failed after {v.failed_at}s "
+                  f"(bound {STALL_BOUND:g}s); pods: {records[name]}\n{v.story()}\n"
+                  f"kubectl wait (rc {waits[name].returncode}): {outputs[name].strip()}")
+        print(f"both kubectl waits ended {waited:.0f}s after the offer")
+        for name in names:
+            v, story = verdicts[name], f"{name}:\n{verdicts[name].story()}\npods: {records[name]}"
+            assert waits[name].returncode != 0 and "timed out" in outputs[name], (name, outputs[name], story)
+            assert v.stalled_at is not None and v.stalled_at <= STALL_BOUND, story
+            assert v.failed_at is not None and v.failed_at <= STALL_BOUND, story
+            stalled, ready = v.condition("Stalled"), v.condition("Ready")
+            assert stalled["reason"] == ready["reason"] == "WorkersCrashLooping", story
+            assert "No module named 'shop.taskz'" in stalled["message"], story  # the worker's last log line
+            warnings = c.kubectl_json("get", "events", "-n", NS, "--field-selector",
+                                      f"involvedObject.kind=Queue,involvedObject.name={name},type=Warning")["items"]
+            assert "WorkersCrashLooping" in {e["reason"] for e in warnings}, [e["reason"] for e in warnings]
+        # over running pods: the old pod keeps serving (maxUnavailable 0) and is never the new template's
+        renamed = verdicts["renamed"]
+        assert "of the previous template still serve" in renamed.condition("Stalled")["message"], renamed.story()
+        claims = [s for s in renamed.seen if s[2] in ("Ready", "Available") or s[1] == "Current"
+                  or any(f in s[3] for f in ("1 available", "at least 1", "1 of 1 replicas of the current"))]
+        assert not claims, renamed.story()
+    finally:
+        for w in waits.values():
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+        c.kubectl("delete", "queue", *names, "-n", NS, "--wait=true", "--timeout=60s", check=False)
+        wait_for(lambda: not c.kubectl_json("get", "pods", "-n", NS, "-l",
+                                            "app.kubernetes.io/instance in (broken,renamed)")["items"],
+                 timeout=90, interval=1, what="the side Queues' worker pods gone")
 
 
 def test_helm_upgrade_rolls_the_operator_and_uninstall_leaves_only_crds_and_redis_data(release):
