@@ -25,7 +25,8 @@ RELEASE = "emq"  # release name used by the tests: full name "emq-effectmq"
 FULLNAME = f"{RELEASE}-effectmq"
 
 # Cluster-scoped kinds (no namespace on the object).
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Namespace"}
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Namespace",
+                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
 
 def docs(text: str) -> list[dict]:

@@ -158,7 +158,8 @@ def test_install_upgrade_uninstall(kube_control_plane, make_namespace, tmp_path)
     installed = _manifest(plane, namespace)
     kinds = sorted(o["kind"] for o in installed)
     assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Lease", "Role", "RoleBinding", "Service",
-                     "ServiceAccount"], kinds
+                     "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicy",
+                     "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding"], kinds
     present = _present(plane, installed, namespace)
     assert all(present.values()), [k for k, v in present.items() if v is None]
     assert sum((_labels_ok(o) for o in present.values()), []) == []
