@@ -47,6 +47,21 @@ def refused(result, text: str) -> bool:
     return result.returncode != 0 and "denied request" in result.stderr and text in result.stderr
 
 
+@pytest.fixture
+def install(kube_control_plane):
+    """helm install, and uninstall after the test: the policies are cluster-scoped and would
+    outlive the test's namespace (an allow-list would refuse other tests' Queues)."""
+    releases: list[str] = []
+
+    def install(namespace: str, *args: str) -> None:
+        kube_control_plane.helm("install", RELEASE, str(CHART), "-n", namespace, *args)
+        releases.append(namespace)
+
+    yield install
+    for namespace in releases:
+        kube_control_plane.helm("uninstall", RELEASE, "-n", namespace, "--wait", check=False)
+
+
 def type_checked(plane, name: str) -> None:
     """The API server found no type error in the policy's expressions."""
     status = wait_for(lambda: plane.kubectl_json("get", "validatingadmissionpolicy", name).get("status"),
@@ -65,10 +80,10 @@ class Outcome:
             self.returncode, self.stderr = exc.status, f"{exc.reason}: {exc.body}"
 
 
-def test_the_operator_service_account_writes_only_its_workers(kube_control_plane, make_namespace):
+def test_the_operator_service_account_writes_only_its_workers(kube_control_plane, make_namespace, install):
     plane = kube_control_plane
     system, shop = make_namespace("emq-system"), make_namespace("shop")
-    plane.helm("install", RELEASE, str(CHART), "-n", system)
+    install(system)
     type_checked(plane, f"{FULLNAME}-{system}-operator-writes")
     operator = f"system:serviceaccount:{system}:{FULLNAME}"
     api = kubernetes.config.new_client_from_config(str(sa_token_kubeconfig(plane, system, FULLNAME)))
@@ -80,9 +95,12 @@ def test_the_operator_service_account_writes_only_its_workers(kube_control_plane
         # RBAC alone lets it patch any pod: the policy refuses the image swap.
         assert as_user(plane, operator, "auth", "can-i", "patch", "pods", "-n", "kube-system").returncode == 0
         image = {"spec": {"containers": [{"name": "main", "image": "attacker.example/img:1"}]}}
-        swap = wait_for(lambda: refused(r := Outcome(core.patch_namespaced_pod, victim, "kube-system", image),
-                                        "pod-deletion-cost") and r, timeout=20, what="the image patch refused")
-        assert swap.returncode == 403 and "only on its worker pods" in swap.stderr
+        # The binding takes effect a moment after it is created: probe with a dry run (admission runs, nothing
+        # is written) until it does.
+        wait_for(lambda: refused(Outcome(core.patch_namespaced_pod, victim, "kube-system", image, dry_run="All"),
+                                 "pod-deletion-cost"), timeout=20, what="the policy in force")
+        swap = Outcome(core.patch_namespaced_pod, victim, "kube-system", image)
+        assert swap.returncode == 403 and refused(swap, "only on its worker pods"), swap.stderr
         assert plane.kubectl_json("get", "pod", victim, "-n", "kube-system")["spec"]["containers"][0]["image"] \
             == "example.invalid/worker:1"
         # Not even the deletion cost of a pod that is not its worker.
@@ -154,21 +172,22 @@ def queue(name: str, **worker) -> str:
     return json.dumps(body)
 
 
-def test_a_queue_author_must_be_allowed_to_create_its_deployment(kube_control_plane, make_namespace):
+def test_a_queue_author_must_be_allowed_to_create_its_deployment(kube_control_plane, make_namespace, install):
     plane = kube_control_plane
     system, team = make_namespace("emq-system"), make_namespace("team")
-    plane.helm("install", RELEASE, str(CHART), "-n", system,
-               "--set", "admission.queueAuthor.allowedImagePrefixes={registry.example/team/}",
-               "--set", "admission.queueAuthor.allowedServiceAccounts={team-workers}")
+    install(system, "--set", "admission.queueAuthor.allowedImagePrefixes={registry.example/team/}",
+            "--set", "admission.queueAuthor.allowedServiceAccounts={team-workers}")
     type_checked(plane, f"{FULLNAME}-{system}-queue-author")
     queues_only, both = f"queues-only-{team}", f"both-{team}"
     grant(plane, team, queues_only, [QUEUES])
     grant(plane, team, both, [QUEUES, DEPLOYMENTS])
     image = "registry.example/team/workers:1"
 
-    denied = wait_for(lambda: refused(r := as_user(plane, queues_only, "create", "-n", team, "-f", "-",
-                                                   input=queue("q1", image=image)), "must be allowed") and r,
-                      timeout=20, what="the Queue refused")
+    wait_for(lambda: refused(as_user(plane, queues_only, "create", "--dry-run=server", "-n", team, "-f", "-",
+                                     input=queue("q1", image=image)), "must be allowed"),
+             timeout=20, what="the policy in force")  # a dry run: admission runs, nothing is written
+    denied = as_user(plane, queues_only, "create", "-n", team, "-f", "-", input=queue("q1", image=image))
+    assert refused(denied, "must be allowed"), denied.stderr
     assert (f"a Queue makes the effectmq operator create a worker Deployment in namespace {team}, so its author "
             f"must be allowed to create Deployments there: {queues_only} is not") in denied.stderr
     created = as_user(plane, both, "create", "-n", team, "-f", "-", input=queue("q1", image=image))
