@@ -36,6 +36,11 @@ __all__ = ["TaskQueue", "Lease", "offer_argv", "DEFAULT_DEDUP_WINDOW", "MAX_ACQU
 DEFAULT_DEDUP_WINDOW = protocol.SETTING_DEFAULTS["dedup_window_ms"] / 1000
 MAX_PRIORITY = 1000
 MAX_ID_LENGTH = 512
+# The largest payload an offer takes, in bytes of its JSON (UTF-8), unless the TaskQueue
+# says otherwise (max_payload_bytes; None: no cap). Every list and page that shows a task
+# reads it back, so it is bounded like a stored error (protocol.MAX_ERROR_BYTES).
+DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
+MAX_PAYLOAD_CAP = 512 << 20  # Redis's own limit for one value (proto-max-bulk-len)
 # Settings a queue keeps in Redis so that producers, workers and the operator agree.
 SETTINGS = {
     "paused": "paused",
@@ -100,8 +105,10 @@ def retry_json(policy: Any, name: str = "retry") -> dict | None:
 
 def offer_argv(task_name: str, payload: Any, *, task_id: str | None = None, delay: float | None = None,
                priority: int = 0, max_retries: int | None = None, max_stalled_count: int | None = None,
-               retry: Any = None, timeout: float | None = None) -> tuple[str, protocol.OfferTask]:
-    """Validate one offer and encode it as the task record offer.lua expects."""
+               retry: Any = None, timeout: float | None = None,
+               max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES) -> tuple[str, protocol.OfferTask]:
+    """Validate one offer and encode it as the task record offer.lua expects; a payload
+    whose JSON is longer than `max_payload_bytes` (None: no cap) is refused."""
     if not isinstance(task_name, str) or not task_name or len(task_name) > 200:
         raise InvalidOption(f"task name must be a non-empty string of at most 200 characters, got {task_name!r}")
     explicit = task_id is not None
@@ -119,9 +126,15 @@ def offer_argv(task_name: str, payload: Any, *, task_id: str | None = None, dela
         options["retry"] = retry_json(retry)
     if timeout is not None:
         options["timeout"] = timeout
+    encoded = codec.dumps(payload, f"payload of {task_name!r}")
+    if max_payload_bytes is not None and len(encoded) > max_payload_bytes // 4:  # else it fits, even all 4-byte
+        size = len(encoded) if encoded.isascii() else len(encoded.encode())
+        if size > max_payload_bytes:
+            raise InvalidOption(f"payload of {task_name!r} is {size:,} bytes of JSON; at most "
+                                f"{codec.human_size(max_payload_bytes)} (max_payload_bytes)")
     tid = task_id if task_id is not None else uuid.uuid4().hex
     return tid, protocol.OfferTask(
-        tid, 1 if explicit else 0, task_name, codec.dumps(payload, f"payload of {task_name!r}"),
+        tid, 1 if explicit else 0, task_name, encoded,
         ms(delay or 0), priority,
         -1 if max_retries is None else max_retries,
         -1 if max_stalled_count is None else max_stalled_count,
@@ -136,7 +149,10 @@ class TaskQueue(OwnsConnection):
                  prefix: str = "emq", lock_timeout: float = 30.0, max_retries: int = 3,
                  max_stalled_count: int = 1, retry: Any = None, retention_completed: float | None = 86400.0,
                  retention_failed: float | None = 604800.0, promote_batch: int = 100,
-                 max_connections: int | None = None, socket_timeout: float = 15.0):
+                 max_connections: int | None = None, socket_timeout: float = 15.0,
+                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES):
+        """max_payload_bytes: the largest payload offer() and offer_many() take, in bytes
+        of its JSON (default DEFAULT_MAX_PAYLOAD_BYTES, 1 MiB; None: no cap)."""
         self.name = check_queue_name(name)
         check_number("lock_timeout", lock_timeout, minimum=0.01, allow_none=False, maximum=MAX_LOCK_TIMEOUT)
         check_number("max_retries", max_retries, integer=True, allow_none=False, maximum=MAX_COUNT)
@@ -147,6 +163,7 @@ class TaskQueue(OwnsConnection):
         check_number("retention_failed", retention_failed, minimum=-1, maximum=MAX_RETENTION)
         check_number("max_connections", max_connections, minimum=1, integer=True, maximum=MAX_COUNT)
         check_number("socket_timeout", socket_timeout, minimum=0.001, maximum=MAX_DURATION)
+        check_number("max_payload_bytes", max_payload_bytes, minimum=1, integer=True, maximum=MAX_PAYLOAD_CAP)
         if isinstance(retry, (retry_policies.Fixed, retry_policies.Exponential)):
             retry_json(retry)
         self.keys = QueueKeys(prefix, self.name)
@@ -159,6 +176,7 @@ class TaskQueue(OwnsConnection):
         self.retention_completed = retention_completed
         self.retention_failed = retention_failed
         self.promote_batch = promote_batch
+        self.max_payload_bytes = max_payload_bytes
         self._redis_errors = RedisErrors(self.redis, f"at {self.url} (queue {self.name!r})")
         self._scripts = script_runner(self.redis, self.keys.script_keys, self._redis_errors)
         self.engine = LeaseEngine(self, self._scripts)
@@ -175,7 +193,7 @@ class TaskQueue(OwnsConnection):
         """Add a task. The same task_id twice gives created=False and leaves the task untouched."""
         tid, task = offer_argv(task_name, payload, task_id=task_id, delay=delay, priority=priority,
                                max_retries=max_retries, max_stalled_count=max_stalled_count,
-                               retry=retry, timeout=timeout)
+                               retry=retry, timeout=timeout, max_payload_bytes=self.max_payload_bytes)
         reply = await self._scripts.run(protocol.OfferArgs([task]))
         if reply.created[0] and not task.delay_ms:
             self.engine.learn_ready([tid])  # this process may be the one to acquire it
@@ -212,7 +230,7 @@ class TaskQueue(OwnsConnection):
             else:
                 raise InvalidOption(f"offer_many items are (name, payload[, options]) or dicts, got {item!r}")
             try:
-                tid, task = offer_argv(name, payload, **options)
+                tid, task = offer_argv(name, payload, **options, max_payload_bytes=self.max_payload_bytes)
             except TypeError as exc:
                 raise InvalidOption(f"invalid offer options {sorted(options)}: {exc}") from None
             ids.append(tid)
