@@ -2,9 +2,12 @@
 settings), shared by every Queue and Schedule that lives there, on a pool of at
 most CONNECTIONS_PER_REDIS connections however many Queues it holds.
 
-URLs from Secrets and CA bundles come from a cache that the watch on Secrets keeps
-current (handlers.py), so a rotated password is used on the next poll and no poll
-reads a Secret; each Secret is read once, when a Queue first refers to it.
+URLs from Secrets and CA bundles come from a cache: the operator reads by name only
+the Secrets a Queue refers to (RBAC: `secrets get`, no list or watch of anyone's
+Secrets), and reads each again when its copy is older than `secret_refresh` seconds
+(SECRET_REFRESH, $EFFECTMQ_SECRET_REFRESH_SECONDS), so a rotated password is used
+within that time and a poll reads a Secret at most once per interval, however many
+Queues share it.
 
 A Redis that did not answer is tried again by one poll at a time: while that poll
 is in flight, the other Queues there report the same problem at once instead of
@@ -39,7 +42,6 @@ from effectmq.redaction import SCHEMES, redact_url, scrub, url_secrets
 from effectmq.scheduler import Scheduler
 
 from .kube import Kube, api_error
-from .workqueue import newer
 from .spec import RedisSpec, SecretKeyRef
 from .status import Problem
 
@@ -50,6 +52,7 @@ STORE_ID = "id"  # {emq-sched:k8s}:id: the identity of that store (no scheduler 
 CONNECTIONS_PER_REDIS = 8  # also the polls at once per Redis: each uses one connection at a time
 IDLE_CLIENT = 600.0  # seconds unused after which a Redis client is closed (a slower poll just reconnects)
 SLOT_WAIT = 1.0  # seconds without any poll finishing on a Redis after which one waiting for a turn gives up
+SECRET_REFRESH = 30.0  # seconds a Secret's cached copy is used before it is read again
 URL_PREFIXES = tuple(f"{scheme}://" for scheme in sorted(SCHEMES))  # what effectmq.connection.connect takes
 
 
@@ -98,42 +101,29 @@ class RedisTarget:
 
 class Connections:
     def __init__(self, kube: Kube, *, max_connections: int = CONNECTIONS_PER_REDIS, socket_timeout: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, secret_refresh: float = SECRET_REFRESH):
         self.kube = kube
         self.clock = clock
         self.max_connections = max_connections
         self.socket_timeout = socket_timeout
+        self.secret_refresh = secret_refresh
         self._clients: dict[RedisTarget, aioredis.Redis] = {}
         self._queues: dict[tuple[RedisTarget, str], effectmq.TaskQueue] = {}
         self._schedulers: dict[RedisTarget, Scheduler] = {}
-        # (namespace, name) -> the Secret's metadata and data as last watched or read; data None: no such Secret
+        # (namespace, name) -> {"data": the Secret's data as last read (None: no such Secret), "read": when}
         self._secrets: dict[tuple[str, str], dict] = {}
-        self._wanted: set[tuple[str, str]] = set()  # Secrets a Queue referred to
         self._reads: dict[tuple[str, str], asyncio.Future] = {}  # Secrets being read now
         self._reach: dict[RedisTarget, _Reach] = {}
         self._used: dict[RedisTarget, float] = {}  # when each Redis was last used
         self._identities: dict[RedisTarget, str] = {}  # the scheduler store each target reached, as last read
         self._idle_checked = clock()
 
-    # -- Secrets (kept current by the watch) --------------------------------------
-
-    def observe_secret(self, event_type: str | None, body: dict) -> None:
-        """A watch event on a Secret: the cache now holds this version (or its absence).
-        Only Secrets a Queue referred to are kept (not every Secret in the cluster)."""
-        meta = body.get("metadata") or {}
-        key = (meta.get("namespace"), meta.get("name"))
-        if key not in self._wanted:
-            return
-        self._store(key, {"metadata": meta, "data": None if event_type == "DELETED" else body.get("data") or {}})
-
-    def _store(self, key: tuple[str, str], entry: dict) -> None:
-        known = self._secrets.get(key)
-        if known is None or newer(entry, known):
-            self._secrets[key] = entry
+    # -- Secrets (read by name, again after secret_refresh) ---------------------------
 
     async def _read_secret(self, key: tuple[str, str]) -> None:
-        """Read a Secret the watch has not delivered (one read per Secret, however many ask;
-        a poll that gives up waiting does not cancel it for the others)."""
+        """Read a Secret by name (one read per Secret, however many ask; a poll that gives
+        up waiting does not cancel it for the others). A failed read again keeps the copy
+        it has (the API server may be busy; a deleted Secret is a 404, not a failure)."""
         pending = self._reads.get(key)
         if pending is None:
             pending = self._reads[key] = asyncio.ensure_future(self._fetch_secret(key))
@@ -141,17 +131,19 @@ class Connections:
         try:
             await asyncio.shield(pending)
         except ApiException as exc:
+            if key in self._secrets:
+                log.warning("Secret %s/%s not read again, its last copy is used: %s", *key, api_error(exc))
+                return
             raise ConfigProblem("SecretUnreadable", f"Secret {key[0]}/{key[1]}: {api_error(exc)}") from None
 
     async def _fetch_secret(self, key: tuple[str, str]) -> None:
         entry = await self.kube.secret(*key)
-        # A watch event that came during the read is at least as new: _store keeps it.
-        self._store(key, entry or {"metadata": {"resourceVersion": "0"}, "data": None})
+        self._secrets[key] = {"data": None if entry is None else entry.get("data") or {}, "read": self.clock()}
 
     async def _secret(self, namespace: str, ref: SecretKeyRef) -> bytes:
         key = (namespace, ref.name)
-        self._wanted.add(key)  # from now on the watch keeps it current
-        if key not in self._secrets:
+        known = self._secrets.get(key)
+        if known is None or self.clock() - known["read"] >= self.secret_refresh:
             await self._read_secret(key)
         raw = (self._secrets[key]["data"] or {}).get(ref.key)
         if raw is None:

@@ -2,7 +2,8 @@
 
 kopf is used as the watch machinery (and for the liveness endpoint): Queue,
 Schedule and worker Deployment events update the controllers' registries and
-nudge a reconcile; Secret events keep the cache of Redis URLs current. All
+nudge a reconcile (Secrets are not watched: connections.py reads by name the ones
+Queues refer to, and again every EFFECTMQ_SECRET_REFRESH_SECONDS). All
 reconciling is done by the leader's loops, so Events and writes come from one
 replica, and nothing (no finalizer, no kopf annotation) is added to users' objects.
 """
@@ -19,7 +20,7 @@ from effectmq.loopwatch import LoopWatch
 
 from . import metrics
 from .builders import GROUP, MANAGED_BY, VERSION
-from .connections import CONNECTIONS_PER_REDIS, Connections
+from .connections import CONNECTIONS_PER_REDIS, SECRET_REFRESH, Connections
 from .controller import RECONCILES_AT_ONCE, QueueController
 from .kube import API_THREADS, Kube, load_config
 from .leader import LEASE_SECONDS, LeaderElector, coordination_api
@@ -185,7 +186,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     load_config()
     namespaces = list(getattr(memo, "namespaces", None) or [])
     kube = Kube(threads=getattr(memo, "api_threads", None) or API_THREADS)
-    connections = Connections(kube, max_connections=getattr(memo, "redis_connections", None) or CONNECTIONS_PER_REDIS)
+    connections = Connections(kube, max_connections=getattr(memo, "redis_connections", None) or CONNECTIONS_PER_REDIS,
+                              secret_refresh=float(os.environ.get("EFFECTMQ_SECRET_REFRESH_SECONDS") or SECRET_REFRESH))
     memo.queues = QueueController(kube, connections, namespaces=namespaces,
                                   concurrency=getattr(memo, "reconciles", None) or RECONCILES_AT_ONCE)
     memo.schedules = ScheduleController(kube, connections, memo.queues, namespaces=namespaces)
@@ -244,11 +246,6 @@ async def queue_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_) -
 @kopf.on.event(GROUP, VERSION, "schedules")
 async def schedule_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_) -> None:
     memo.schedules.observe(type, _plain(body))
-
-
-@kopf.on.event("", "v1", "secrets")
-async def secret_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_) -> None:
-    memo.connections.observe_secret(type, _plain(body))
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY)

@@ -32,7 +32,7 @@ SERVED = {
     "schedules.effectmq.io/status": ["patch"],
     "deployments.apps": ["list", "watch", "create", "patch", "delete"],
     "pods": ["list", "patch"],
-    "secrets": ["get", "list", "watch"],
+    "secrets": ["get"],
     "events": ["create", "patch"],
 }
 CRDS = {"customresourcedefinitions.apiextensions.k8s.io": ["list", "watch"]}
@@ -75,6 +75,11 @@ def test_cluster_wide_operator_under_the_chart_service_account(kube_control_plan
     baseline = sa_user(system, "nobody")
     assert granted(plane, sa_user(system), shop, baseline) == expand(SERVED) | expand(CRDS)
     assert granted(plane, sa_user(system), system, baseline) == expand(SERVED) | expand(CRDS) | LEADER
+    # Secrets: only by name, never listed or watched (issue 36).
+    for verb in ("list", "watch"):
+        answer = plane.kubectl("auth", "can-i", verb, "secrets", "--all-namespaces", f"--as={sa_user(system)}",
+                               check=False)
+        assert answer.stdout.strip() == "no", (verb, answer.stdout, answer.stderr)
 
     operator = ChartOperator(plane, deployment, kubeconfig, tmp_path)
     workers: list[DeploymentWorker] = []
