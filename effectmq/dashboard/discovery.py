@@ -23,15 +23,26 @@ def queue_name_of(key: str, prefix: str) -> str | None:
 
 
 async def discover_queues(redis: Any, prefix: str = "emq") -> list[str]:
-    """Names of the queues found in this Redis (SCAN, so Redis is never blocked), sorted."""
+    """Names of the queues found in this Redis (SCAN, so Redis is never blocked), sorted.
+    Keys are read as bytes: one that is not UTF-8 names no queue of ours, and is skipped."""
     found: set[str] = set()
     pattern_base = QueueKeys(_glob_escape(prefix), "*").base
     for marker in MARKERS:
-        async for key in redis.scan_iter(match=pattern_base + marker, count=SCAN_COUNT):
+        async for raw in redis.scan_iter(match=pattern_base + marker, count=SCAN_COUNT, NEVER_DECODE=True):
+            try:
+                key = raw.decode() if isinstance(raw, bytes) else raw
+            except UnicodeDecodeError:
+                continue
             name = queue_name_of(key, prefix)
             if name is not None:
                 found.add(name)
     return sorted(found)
+
+
+async def queue_exists(redis: Any, prefix: str, name: str) -> bool:
+    """Whether the queue has one of its MARKERS keys: two keys of one slot, O(1)."""
+    keys = QueueKeys(prefix, name)
+    return bool(await redis.exists(*(keys.key(marker) for marker in MARKERS)))
 
 
 def _glob_escape(text: str) -> str:

@@ -15,20 +15,22 @@ import time
 from dataclasses import dataclass, field
 from redis.asyncio.cluster import RedisCluster
 
-from ..checks import redis_write_notes
+from .. import protocol
+from ..checks import check_number, redis_write_notes
 from ..connection import RedisErrors, connect
 from ..errors import EffectMQError
-from ..keys import check_queue_name
+from ..keys import QUEUE_NAME, check_queue_name
 from ..queue import EVENTS_INTEREST, TaskQueue
 from ..scheduler import Scheduler
-from . import views
-from .discovery import discover_queues
+from . import auth, views
+from .discovery import discover_queues, queue_exists
 
 log = logging.getLogger("effectmq.dashboard")
 
-DISCOVERY_TTL = 10.0  # seconds a SCAN for queues is reused
+DISCOVERY_INTERVAL = 30.0  # seconds at least between two SCANs of the keyspace for queues
 EVENTS_EVERY = EVENTS_INTEREST / 3  # want_events() registers interest for EVENTS_INTEREST: ask well within it
 SOCKET_TIMEOUT = 3.0  # a page waits at most this long for a Redis that stopped answering
+MAX_CONNECTIONS = 32  # to Redis; more requests at once wait for a free one (up to SOCKET_TIMEOUT)
 RETRY_ALL_LIMIT = 1000  # dead letters retried by one "retry all"
 
 
@@ -42,41 +44,73 @@ class DashboardConfig:
     queues: list[str] = field(default_factory=list)  # empty: every queue found in Redis
     prefix: str = "emq"
     actions: bool = False
-    token: str | None = None
+    token: str | None = None  # the action token (with actions)
     scheduler_namespace: str = "default"
+    read_token: str | None = None  # set: every page needs a session or Bearer token (this one or `token`)
+    allowed_hosts: list[str] = field(default_factory=list)  # Host names answered besides loopback ("*": any)
+    behind_tls: bool = False  # served through TLS (an ingress): the session cookie is Secure
+    session_max_age: float = auth.SESSION_MAX_AGE
+    # Register interest in lifecycle events (a write per queue every EVENTS_EVERY) so task
+    # pages show them; None: only with actions (a read-only dashboard writes nothing).
+    want_events: bool | None = None
+    discovery_interval: float = DISCOVERY_INTERVAL
+    max_connections: int = MAX_CONNECTIONS
+
+    def __post_init__(self) -> None:
+        auth.check_token(self.token, "action token")
+        auth.check_token(self.read_token, "read token")
+        check_number("session_max_age", self.session_max_age, minimum=1, allow_none=False, maximum=30 * 86400)
+        check_number("discovery_interval", self.discovery_interval, minimum=0, allow_none=False, maximum=86400)
+        check_number("max_connections", self.max_connections, minimum=1, integer=True, allow_none=False,
+                     maximum=10_000)
+
+    @property
+    def writes_events(self) -> bool:
+        return self.actions if self.want_events is None else self.want_events
 
 
 class DashboardService:
     def __init__(self, config: DashboardConfig):
         self.config = config
-        self.redis, self._owns_client, self.shown_url = connect(None, config.url, socket_timeout=SOCKET_TIMEOUT)
         for name in config.queues:
             check_queue_name(name)
+        self.redis, self._owns_client, self.shown_url = connect(None, config.url, socket_timeout=SOCKET_TIMEOUT,
+                                                                max_connections=config.max_connections)
         self._queues: dict[str, TaskQueue] = {}
-        self._discovered: tuple[float, list[str]] = (0.0, [])
+        self._discovered: tuple[float, list[str]] | None = None  # (when, names) of the last SCAN
+        self._found: set[str] = set()  # queues seen to exist since (a page named them)
+        self._discovery: asyncio.Future | None = None  # the SCAN under way: every caller waits for it
         self.scheduler = Scheduler(self.redis, namespace=config.scheduler_namespace, prefix=config.prefix,
                                    url=config.url)
         self._events_task: asyncio.Task | None = None
+        self._closing = asyncio.Event()
         self._redis_errors = RedisErrors(self.redis, f"at {self.shown_url} (dashboard)")
 
     # -- lifecycle ------------------------------------------------------------
 
     async def start(self) -> None:
-        self._events_task = asyncio.create_task(self._keep_events_wanted())
+        if self.config.writes_events:
+            self._events_task = asyncio.create_task(self._keep_events_wanted())
 
     async def close(self) -> None:
+        self._closing.set()
         if self._events_task is not None:
-            self._events_task.cancel()
+            self._events_task.cancel()  # may be taken for a lost connection: the loop ends on _closing too
             with contextlib.suppress(asyncio.CancelledError):
                 await self._events_task
+        if self._discovery is not None:
+            self._discovery.cancel()
+            with contextlib.suppress(BaseException):
+                await self._discovery
         if self._owns_client:
             await self.redis.aclose()
 
     async def _keep_events_wanted(self) -> None:
         """Lifecycle events are written only while a reader asked recently (want_events):
-        the task pages show them, so keep asking for every queue shown."""
+        the task pages show them, so keep asking for every queue shown (with actions, or
+        when told to: it writes to every queue)."""
         problem = None  # the last one logged: a lasting one (a read-only replica) is logged once
-        while True:
+        while not self._closing.is_set():
             try:
                 names = await self.queue_names()
                 await asyncio.gather(*(self.queue(n).want_events() for n in names))
@@ -90,18 +124,43 @@ class DashboardService:
                 problem = str(exc)
             except Exception:  # noqa: BLE001 - a bug here must not end the loop silently
                 log.exception("could not register interest in events")
-            await asyncio.sleep(EVENTS_EVERY)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), EVENTS_EVERY)
 
     # -- queues -----------------------------------------------------------------
 
     async def queue_names(self) -> list[str]:
+        """The queues shown: those given, or those the last discovery found (a SCAN of
+        the keyspace, at most one every discovery_interval, whoever asks) and those seen
+        to exist since."""
         if self.config.queues:
             return list(self.config.queues)
-        at, names = self._discovered
-        if time.monotonic() - at > DISCOVERY_TTL:
-            with self._redis_errors:  # redis-py errors as RedisUnavailable
-                names = await discover_queues(self.redis, self.config.prefix)
-            self._discovered = (time.monotonic(), names)
+        last = self._discovered
+        if last is None or time.monotonic() - last[0] >= self.config.discovery_interval:
+            names = await self._discover()
+        else:
+            names = last[1]
+        return sorted(set(names) | self._found)
+
+    async def _discover(self) -> list[str]:
+        """One SCAN for every caller that wants one meanwhile (single flight); a caller that
+        goes away (its client hung up) does not cancel it for the others."""
+        if self._discovery is None:
+            self._discovery = asyncio.ensure_future(self._scan())
+            self._discovery.add_done_callback(self._discovery_done)
+        return await asyncio.shield(self._discovery)
+
+    def _discovery_done(self, flight: asyncio.Future) -> None:
+        if self._discovery is flight:
+            self._discovery = None
+        if not flight.cancelled():
+            flight.exception()  # retrieved: a failure is each waiter's to report
+
+    async def _scan(self) -> list[str]:
+        with self._redis_errors:  # redis-py errors as RedisUnavailable
+            names = await discover_queues(self.redis, self.config.prefix)
+        self._discovered = (time.monotonic(), names)
+        self._found = set()
         return names
 
     def queue(self, name: str) -> TaskQueue:
@@ -111,14 +170,19 @@ class DashboardService:
         return q
 
     async def known_queue(self, name: str) -> TaskQueue:
-        """The queue, when this dashboard shows it (a name in a URL is user input)."""
+        """The queue, when this dashboard shows it (a name in a URL is user input: it is
+        looked up by its own two keys, never by a SCAN)."""
         if self.config.queues:
             if name not in self.config.queues:
                 raise UnknownQueue(f"queue {name!r} is not shown by this dashboard")
         elif name not in await self.queue_names():
-            self._discovered = (0.0, [])  # a queue created since the last SCAN
-            if name not in await self.queue_names():
+            if not QUEUE_NAME.match(name):
                 raise UnknownQueue(f"no queue {name!r} in this Redis")
+            with self._redis_errors:
+                exists = await queue_exists(self.redis, self.config.prefix, name)
+            if not exists:
+                raise UnknownQueue(f"no queue {name!r} in this Redis")
+            self._found.add(name)  # created since the last SCAN: shown from now on
         return self.queue(name)
 
     async def ping(self) -> None:
@@ -165,22 +229,50 @@ class DashboardService:
         q = await self.known_queue(name)
         summary = await self.summary(name)
         if search:
-            info = await q.get(search)
-            rows = [views.task_row(info)] if info is not None else []
-            page = views.Page(0, limit, len(rows))
+            ids: list = [search]
         else:
-            rows = [views.task_row(t) for t in await q.list_tasks(state, limit=limit, offset=offset)]
-            page = views.Page(offset, limit, summary["counts"][state])
+            with self._redis_errors:
+                ids = await self.redis.execute_command("ZRANGE", q.keys.key(state), offset, offset + limit - 1,
+                                                       NEVER_DECODE=True)
+        rows = [views.task_row(info, sensitive=summary["sensitive"]) for info in await self._list_records(q, ids)]
+        page = views.Page(0, limit, len(rows)) if search else views.Page(offset, limit, summary["counts"][state])
         return {"queue": summary, "state": state, "search": search, "tasks": rows, "page": page.to_json(),
                 "_page": page}
 
+    async def _list_records(self, q: TaskQueue, ids: list) -> list:
+        """The tasks of a list, each read with the fields its row shows (HMGET), never
+        its payload, result or progress; ids whose record is gone are left out."""
+        ids = [views.decode_id(raw) for raw in ids]
+        if not ids:
+            return []
+        with self._redis_errors:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for task_id in ids:
+                    pipe.execute_command("HMGET", protocol.wire(q.keys.task(task_id)), *views.LIST_FIELDS,
+                                         NEVER_DECODE=True)
+                replies = await pipe.execute()
+        records = []
+        for task_id, reply in zip(ids, replies):
+            present = [(name, value) for name, value in zip(views.LIST_FIELDS, reply) if value is not None]
+            if present:  # else gone since the ZRANGE (expired, or a search for no task)
+                names, values = zip(*present)
+                records.append(views.parse_record(task_id, protocol.decode_fields(names, list(values))))
+        return records
+
     async def task(self, name: str, task_id: str) -> dict | None:
         q = await self.known_queue(name)
-        info, sensitive, events = await asyncio.gather(q.get(task_id), self.sensitive(q), q.task_events(task_id))
-        if info is None:
+        flat, sensitive, events = await asyncio.gather(self._record(q, task_id), self.sensitive(q),
+                                                       q.task_events(task_id))
+        if not flat:
             return None
+        info = views.parse_record(task_id, protocol.decode_hash(flat))
         return {"queue": name, "task": views.task_detail(info, sensitive=sensitive),
                 "events": views.task_events(events)}
+
+    async def _record(self, q: TaskQueue, task_id: str):
+        with self._redis_errors:
+            return await self.redis.execute_command("HGETALL", protocol.wire(q.keys.task(task_id)),
+                                                    NEVER_DECODE=True)
 
     # -- actions (each one engine operation) --------------------------------------
 
@@ -210,13 +302,17 @@ class DashboardService:
 
     # -- schedules --------------------------------------------------------------------
 
+    def _shows_schedule_of(self, queue: str | None) -> bool:
+        """With --queue, only the schedules of those queues are shown (or acted on)."""
+        return not self.config.queues or queue in self.config.queues
+
     async def schedules(self, queue: str | None = None) -> list[dict]:
         shown = [views.schedule_view(s) for s in await self.scheduler.list(limit=1000)]
-        return [s for s in shown if queue is None or s["queue"] == queue]
+        return [s for s in shown if (queue is None or s["queue"] == queue) and self._shows_schedule_of(s["queue"])]
 
     async def set_suspended(self, schedule_id: str, suspend: bool) -> views.ActionResult:
         status = await self.scheduler.status(schedule_id)
-        if status is None:
+        if status is None or not self._shows_schedule_of(status.spec.queue if status.spec else None):
             return views.ActionResult(404, f"no schedule {schedule_id!r}")
         if status.spec is None:
             return views.ActionResult(409, f"schedule {schedule_id!r} has an unreadable definition")

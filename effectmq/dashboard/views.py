@@ -7,21 +7,39 @@ here once.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
+from .. import codec
+from ..errors import CANCELED, STALLED, TIMEOUT
 from ..keys import INDEXES
-from ..models import QueueStats, TaskInfo, ThroughputPoint
+from ..models import QueueStats, TaskInfo, ThroughputPoint, parse_task
+from ..protocol import MAX_COUNT, RawFields
 
 # What a sensitive queue's values are shown as (payload, result, progress, error data).
 HIDDEN = "hidden: the queue is marked sensitive"
+# What a sensitive queue's error messages are shown as: a message may quote the payload
+# (a schema check, a Python exception, a handler's own text).
+HIDDEN_MESSAGE = "hidden: the queue is marked sensitive (a message may quote the payload)"
+# Errors whose messages the engine writes itself, from no value: shown on every queue.
+ENGINE_TAGS = frozenset({STALLED, CANCELED, TIMEOUT})
 # Task fields that carry user values (hidden on a sensitive queue).
 VALUE_FIELDS = ("payload", "result", "progress")
+# The task hash fields a row of a list shows (read with HMGET: never a payload).
+LIST_FIELDS = ("name", "state", "attempt", "priority", "handler_failure_count", "stalled_attempt_count", "error",
+               "created_at", "finished_at")
+# Stored JSON fields of a task hash.
+JSON_FIELDS = ("payload", "result", "progress", "error", "options", "attempts")
+# Values nested deeper are not shown: JSON encoding inside a page would hit Python's recursion limit.
+MAX_SHOWN_DEPTH = 100
 # Event fields shown; any other field an event carries (e.g. a progress value) is not.
 EVENT_FIELDS = ("event", "id", "at", "attempt", "was", "name", "kind", "retry_at", "stalled_attempt_count")
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
+MAX_OFFSET = MAX_COUNT  # where a list may start (Redis takes int64; the engine bounds offsets so)
 
 
 def iso(value: datetime | None) -> str | None:
@@ -77,29 +95,96 @@ def queue_summary(stats: QueueStats, settings: Mapping[str, Any], workers: Mappi
     }
 
 
+def error_message(error: Any, sensitive: bool) -> str:
+    """An error's message as shown: on a sensitive queue only the engine's own."""
+    if sensitive and error.tag not in ENGINE_TAGS:
+        return HIDDEN_MESSAGE
+    return codec.text(error.message)
+
+
 def _error(error: Any, sensitive: bool) -> dict | None:
     if error is None:
         return None
     shown = error.to_json()
+    shown["message"] = error_message(error, sensitive)
     if sensitive and "data" in shown:
         shown["data"] = HIDDEN
+    elif "data" in shown:
+        shown["data"] = shown_value(shown["data"])
     return shown
 
 
-def task_row(info: TaskInfo) -> dict:
-    """A task in a list: no values, so a list is the same for sensitive queues."""
+def task_row(info: TaskInfo, *, sensitive: bool = False) -> dict:
+    """A task in a list: no values; on a sensitive queue no message either."""
     return {
-        "task_id": info.task_id, "name": info.name, "state": info.state, "attempt": info.attempt,
-        "priority": info.priority, "handler_failure_count": info.handler_failure_count,
+        "task_id": codec.text(info.task_id), "name": codec.text(info.name), "state": info.state,
+        "attempt": info.attempt, "priority": info.priority, "handler_failure_count": info.handler_failure_count,
         "stalled_attempt_count": info.stalled_attempt_count,
-        "error": {"tag": info.error.tag, "message": info.error.message} if info.error else None,
+        "error": {"tag": codec.text(info.error.tag), "message": error_message(info.error, sensitive)}
+        if info.error else None,
         "created_at": iso(info.created_at), "finished_at": iso(info.finished_at),
     }
 
 
+def decode_id(raw: bytes | str) -> str:
+    """A task id as Redis holds it: one that is not UTF-8 keeps its bytes (surrogateescape),
+    so it names the same key again (protocol.wire); shown through codec.text."""
+    if isinstance(raw, str):
+        return raw
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return raw.decode(errors="surrogateescape")
+
+
+def _nested_too_deep(text: Any) -> bool:
+    try:
+        json.loads(text)
+    except RecursionError:
+        return True
+    except (ValueError, TypeError):
+        return False
+    return False
+
+
+def parse_record(task_id: str, fields: RawFields) -> TaskInfo:
+    """models.parse_task, except that a stored JSON value nested deeper than Python's
+    recursion limit makes that value unreadable (reported in `corrupt`), not the record."""
+    try:
+        return parse_task(task_id, fields)
+    except RecursionError:
+        pass
+    deep = [name for name in JSON_FIELDS if name in fields.values and _nested_too_deep(fields.values[name])]
+    kept = RawFields({k: v for k, v in fields.values.items() if k not in deep}, dict(fields.undecodable))
+    info = parse_task(task_id, kept)
+    problems = [p for p in (info.corrupt, *(f"stored {name} is nested too deeply to read" for name in deep)) if p]
+    return dataclasses.replace(info, corrupt="; ".join(problems))
+
+
+def depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether lists and dicts nest deeper than `limit` in `value` (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def shown_value(value: Any) -> Any:
+    """A stored value as pages show it: one nested deeper than MAX_SHOWN_DEPTH is described."""
+    if isinstance(value, (list, dict)) and depth_exceeds(value, MAX_SHOWN_DEPTH):
+        return f"not shown: nested deeper than {MAX_SHOWN_DEPTH} levels"
+    return value
+
+
 def task_detail(info: TaskInfo, *, sensitive: bool) -> dict:
-    """Everything known about one task; a sensitive queue's values are replaced by HIDDEN."""
+    """Everything known about one task; a sensitive queue's values and messages are
+    replaced by HIDDEN and HIDDEN_MESSAGE."""
     shown = info.to_json()
+    shown["task_id"] = codec.text(info.task_id)
     shown["error"] = _error(info.error, sensitive)
     shown["attempts"] = [{**a.to_json(), "error": _error(a.error, sensitive)} for a in info.attempts]
     if sensitive:
@@ -107,6 +192,9 @@ def task_detail(info: TaskInfo, *, sensitive: bool) -> dict:
             shown[name] = HIDDEN
         if shown.get("corrupt"):  # a decoding problem may describe the value
             shown["corrupt"] = "a stored value could not be decoded"
+    else:
+        for name in (*VALUE_FIELDS, "options"):
+            shown[name] = shown_value(shown[name])
     shown["attempt_rows"] = attempt_rows(shown)
     shown["sensitive"] = sensitive
     shown["can_retry"] = info.state in ("failed", "canceled")
@@ -188,8 +276,8 @@ def parse_listing(query: Mapping[str, str]) -> tuple[str, int, int, str]:
         limit = int(query.get("limit") or DEFAULT_PAGE)
     except ValueError:
         raise BadRequest("offset and limit must be integers") from None
-    if offset < 0 or not 1 <= limit <= MAX_PAGE:
-        raise BadRequest(f"offset must be >= 0 and limit between 1 and {MAX_PAGE}")
+    if not 0 <= offset <= MAX_OFFSET or not 1 <= limit <= MAX_PAGE:
+        raise BadRequest(f"offset must be between 0 and {MAX_OFFSET} and limit between 1 and {MAX_PAGE}")
     return state, offset, limit, (query.get("search") or "").strip()
 
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import secrets
+import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 from urllib.parse import quote
@@ -19,7 +22,6 @@ from aiohttp import web
 
 from ..errors import EffectMQError, InvalidOption, RedisUnavailable
 from ..keys import INDEXES
-from ..redaction import scrub, url_secrets
 from ..scheduler import InvalidSchedule
 from . import auth, views
 from .service import DashboardConfig, DashboardService, UnknownQueue
@@ -29,10 +31,16 @@ log = logging.getLogger("effectmq.dashboard")
 HERE = Path(__file__).parent
 REDIS_UNREACHABLE = "Redis unreachable"
 POLL_MS = 2000  # how often a page asks its JSON twin for news
+SERVER_NAME = "effectmq-dashboard"  # the Server header: no versions
+PROBES = ("/healthz", "/readyz")  # answered to any Host and without a token (the kubelet's probes)
+OPEN_PATHS = (*PROBES, "/login", "/logout")  # no token needed (besides /static/)
 SERVICE = web.AppKey("service", DashboardService)
 CONFIG = web.AppKey("config", DashboardConfig)
 TEMPLATES = web.AppKey("templates", jinja2.Environment)
-SECRETS = web.AppKey("secrets", tuple)
+FAILURES = web.AppKey("failures", auth.FailureLimit)
+REVOKED = web.AppKey("revoked", auth.Revoked)
+ROLE = "effectmq_role"  # request key: auth.READ, auth.ACT or None
+BY_BEARER = "effectmq_by_bearer"  # request key: the role came from an Authorization header
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # No inline script or style, nothing from elsewhere, never framed.
 SECURITY_HEADERS = {
@@ -47,7 +55,7 @@ SECURITY_HEADERS = {
 def _templates() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined)
-    env.filters["u"] = lambda value: quote(str(value), safe="")  # a name inside one path segment
+    env.filters["u"] = lambda value: quote(str(value), safe="", errors="backslashreplace")  # one path segment
     env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False, default=str)
     env.filters["age"] = views.human_age
     env.filters["pct"] = lambda value: "-" if value is None else f"{value * 100:.1f}%"
@@ -63,13 +71,19 @@ def _json(value: Any, status: int = 200) -> web.Response:
     return web.json_response(value, status=status, dumps=lambda v: json.dumps(v, default=str))
 
 
+def _tokens(config: DashboardConfig) -> dict[str, str | None]:
+    return {auth.ACT: config.token if config.actions else None, auth.READ: config.read_token}
+
+
 def _page(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
     config = request.app[CONFIG]
-    signed_in = auth.signed_in(request.cookies, config.token)
+    role = request.get(ROLE)
+    signed_in = role is not None and not request.get(BY_BEARER)
     body = request.app[TEMPLATES].get_template(template).render(
         redis_url=request.app[SERVICE].shown_url,
         actions=config.actions and bool(config.token),
-        signed_in=signed_in, can_act=config.actions and signed_in,
+        sign_in=any(_tokens(config).values()),
+        signed_in=signed_in, can_act=config.actions and signed_in and role == auth.ACT,
         action_header=auth.ACTION_HEADER, poll_ms=POLL_MS, path=request.path_qs, states=INDEXES,
         **context)
     return web.Response(text=body, status=status, content_type="text/html")
@@ -104,8 +118,9 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 @web.middleware
 async def safety(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Security headers on every answer; and, as a last line, no secret of the Redis URL
-    in any text the dashboard sends (messages are redacted where they are made)."""
+    """Security headers on every answer. Nothing is rewritten: secrets are redacted where
+    the server builds text from them (the Redis URL shown, Redis's errors), and text from
+    the request is shown as sent (a scrubber would tell a right guess from a wrong one)."""
     try:
         response = await handler(request)
     except web.HTTPException as exc:
@@ -113,15 +128,71 @@ async def safety(request: web.Request, handler: Handler) -> web.StreamResponse:
     response.headers.update(SECURITY_HEADERS)
     if not request.path.startswith("/static/"):
         response.headers["Cache-Control"] = "no-store"
-    secrets = request.app[SECRETS]
-    if secrets and isinstance(response, web.Response) and response.text is not None:
-        text = response.text
-        cleaned = scrub(text, *secrets)
-        if cleaned != text:
-            response.text = cleaned
     if isinstance(response, web.HTTPException):
         raise response
     return response
+
+
+@web.middleware
+async def hosts(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Only requests naming an allowed host (loopback, --allowed-host) are answered: a
+    DNS-rebinding page sends its own name. The probes answer any."""
+    if request.path not in PROBES and not auth.host_allowed(request.headers.get("Host"),
+                                                            request.app[CONFIG].allowed_hosts):
+        return web.Response(status=421, text="this dashboard does not answer to that host name "
+                                             "(allow it with --allowed-host)\n")
+    return await handler(request)
+
+
+def _retry_later(request: web.Request, wait: float) -> web.Response:
+    seconds = max(1, math.ceil(wait))
+    text = f"too many wrong tokens from this address: try again in {seconds} s"
+    if _wants_json(request):
+        response = _json({"ok": False, "error": "Too many requests", "detail": text, "message": text}, 429)
+    else:
+        response = _page(request, "login.html", 429, next="/", failed=False, limited=text)
+    response.headers["Retry-After"] = str(seconds)
+    return response
+
+
+def _unauthorized(request: web.Request, reason: str) -> web.Response:
+    response = _json({"ok": False, "error": "Unauthorized", "detail": reason, "message": reason}, 401)
+    response.headers["WWW-Authenticate"] = 'Bearer realm="effectmq-dashboard"'
+    return response
+
+
+@web.middleware
+async def who(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Whose request this is (ROLE: by an Authorization header, else by the session
+    cookie), and, with a read token, that pages are shown only to a role."""
+    config = request.app[CONFIG]
+    tokens = _tokens(config)
+    role, by_bearer = None, False
+    given = auth.bearer(request.headers) if any(tokens.values()) and request.path not in PROBES else None
+    if given is not None:
+        failures = request.app[FAILURES]
+        client = request.remote or ""
+        wait = failures.retry_after(client)
+        if wait > 0:
+            return _retry_later(request, wait)
+        role, by_bearer = auth.role_of_token(given, tokens), True
+        if role is None:
+            failures.failed(client)
+            return _unauthorized(request, "wrong token")
+    else:
+        session = auth.read_session(request.cookies.get(auth.SESSION_COOKIE), tokens, now=time.time(),
+                                    max_age=config.session_max_age)
+        if session is not None and session not in request.app[REVOKED]:
+            role = session.role
+    request[ROLE], request[BY_BEARER] = role, by_bearer
+    open_path = request.path in OPEN_PATHS or request.path.startswith("/static/")
+    if request.method in ("GET", "HEAD") and not open_path:
+        decision = auth.may_read(read_token=config.read_token, role=role)
+        if not decision.allowed:
+            if _wants_json(request):
+                return _unauthorized(request, decision.reason)
+            raise web.HTTPSeeOther(f"/login?next={quote(request.path_qs, safe='')}")
+    return await handler(request)
 
 
 # -- pages and their JSON twins --------------------------------------------------------
@@ -179,8 +250,9 @@ async def schedules_page(request: web.Request) -> web.Response:
 def action(run: Callable[[DashboardService, web.Request], Awaitable[views.ActionResult]]) -> Handler:
     async def handle(request: web.Request) -> web.Response:
         config = request.app[CONFIG]
-        decision = auth.may_act(actions=config.actions, token=config.token, headers=request.headers,
-                                cookies=request.cookies, host=request.host)
+        decision = auth.may_act(actions=config.actions and bool(config.token), role=request.get(ROLE),
+                                by_bearer=request.get(BY_BEARER, False), headers=request.headers,
+                                host=request.host)
         if not decision.allowed:
             return _json({"ok": False, "error": decision.reason, "message": decision.reason}, decision.status)
         result = await run(request.app[SERVICE], request)
@@ -198,34 +270,47 @@ def _t(request: web.Request) -> str:
 
 # -- signing in ------------------------------------------------------------------------
 
-def _local_path(target: str | None) -> str:
-    """Where to go after signing in: only a path of this dashboard (no open redirect)."""
-    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
-        return "/"
-    return target
-
-
 async def login_form(request: web.Request) -> web.Response:
-    return _page(request, "login.html", next=_local_path(request.query.get("next")), failed=False)
+    return _page(request, "login.html", next=auth.local_path(request.query.get("next")), failed=False, limited="")
 
 
 async def login(request: web.Request) -> web.Response:
     config = request.app[CONFIG]
     form = await request.post()
-    target = _local_path(str(form.get("next") or "/"))
-    if not (config.actions and config.token):
-        return _page(request, "login.html", 403, next=target, failed=True)
-    if not auth.same_origin(request.headers.get("Origin"), request.host) or \
-            not auth.token_matches(str(form.get("token") or ""), config.token):
-        return _page(request, "login.html", 401, next=target, failed=True)
+    target = auth.local_path(str(form.get("next") or "/"))
+    tokens = _tokens(config)
+    if not any(tokens.values()):
+        return _page(request, "login.html", 403, next=target, failed=True, limited="")
+    if auth.cross_site(request.headers, request.host):
+        return _page(request, "login.html", 403, next=target, failed=True, limited="")
+    failures, client = request.app[FAILURES], request.remote or ""
+    wait = failures.retry_after(client)
+    if wait > 0:
+        return _retry_later(request, wait)
+    role = auth.role_of_token(str(form.get("token") or ""), tokens)
+    token = tokens.get(role) if role else None
+    if role is None or token is None:
+        failures.failed(client)
+        return _page(request, "login.html", 401, next=target, failed=True, limited="")
+    value = auth.new_session(token, role, now=time.time(), max_age=config.session_max_age,
+                             session_id=secrets.token_urlsafe(18))
     response = web.HTTPSeeOther(target)
-    response.set_cookie(auth.SESSION_COOKIE, auth.session_value(config.token), httponly=True,
-                        samesite="Strict", path="/", max_age=auth.SESSION_MAX_AGE,
-                        secure=request.secure)
+    response.set_cookie(auth.SESSION_COOKIE, value, httponly=True, samesite="Strict", path="/",
+                        max_age=max(1, int(config.session_max_age)), secure=config.behind_tls or request.secure)
     raise response
 
 
 async def logout(request: web.Request) -> web.Response:
+    """Ends the session on the server too (its id is revoked until it would have expired).
+    Only from this dashboard's own pages: another site cannot sign people out."""
+    if auth.cross_site(request.headers, request.host):
+        return _json({"ok": False, "error": "request from another origin refused"}, 403)
+    config = request.app[CONFIG]
+    now = time.time()
+    session = auth.read_session(request.cookies.get(auth.SESSION_COOKIE), _tokens(config), now=now,
+                                max_age=config.session_max_age)
+    if session is not None:
+        request.app[REVOKED].add(session, now)
     response = web.HTTPSeeOther("/")
     response.del_cookie(auth.SESSION_COOKIE, path="/")
     raise response
@@ -247,13 +332,17 @@ async def readyz(request: web.Request) -> web.Response:
 
 def create_app(config: DashboardConfig) -> web.Application:
     """The aiohttp application; Redis is connected when it starts."""
-    app = web.Application(middlewares=[safety, errors])
+    app = web.Application(middlewares=[safety, hosts, who, errors])
     app[CONFIG] = config
     app[TEMPLATES] = _templates()
-    app[SECRETS] = url_secrets(config.url) if config.url else ()
-    if config.token:
-        app[SECRETS] = (*app[SECRETS], config.token)
     app[SERVICE] = DashboardService(config)
+    app[FAILURES] = auth.FailureLimit()
+    app[REVOKED] = auth.Revoked()
+
+    async def server_header(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers["Server"] = SERVER_NAME
+
+    app.on_response_prepare.append(server_header)
 
     async def start(app: web.Application) -> None:
         await app[SERVICE].start()

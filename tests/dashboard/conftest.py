@@ -53,7 +53,7 @@ class RunningDashboard:
 
 @pytest_asyncio.fixture
 async def start_dashboard() -> AsyncIterator:
-    """start(url, actions=False, queues=()) -> RunningDashboard, served in this event loop."""
+    """start(url, actions=False, queues=(), **config) -> RunningDashboard, served in this event loop."""
     dashboard_modules()
     from aiohttp import web
 
@@ -63,8 +63,10 @@ async def start_dashboard() -> AsyncIterator:
     runners = []
 
     async def start(url: str, *, actions: bool = False, queues: tuple[str, ...] = (),
-                    token: str | None = TOKEN) -> RunningDashboard:
-        config = DashboardConfig(url=url, queues=list(queues), actions=actions, token=token if actions else None)
+                    token: str | None = TOKEN, **options) -> RunningDashboard:
+        """options: any other DashboardConfig field (read_token, allowed_hosts, ...)."""
+        config = DashboardConfig(url=url, queues=list(queues), actions=actions, token=token if actions else None,
+                                 **options)
         app = create_app(config)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()

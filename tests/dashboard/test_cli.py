@@ -53,6 +53,53 @@ def test_actions_without_a_token_is_a_startup_error(tmp_path):
     assert (done.returncode, "is empty" in done.stderr) == (2, True)
 
 
+def test_a_short_token_is_a_startup_error(tmp_path):
+    """Issue 36 (Low): a one-character token was accepted."""
+    (tmp_path / "short").write_text("x\n")
+    done = run("--url", "redis://127.0.0.1:1/0", "--actions", "--token-file", str(tmp_path / "short"))
+    assert done.returncode == 2 and "at least 16 characters" in done.stderr, done.stderr
+    done = run("--url", "redis://127.0.0.1:1/0", "--actions", EFFECTMQ_DASHBOARD_TOKEN="tok-123")
+    assert done.returncode == 2 and "at least 16 characters" in done.stderr, done.stderr
+    done = run("--url", "redis://127.0.0.1:1/0", "--read-token-file", str(tmp_path / "short"))
+    assert done.returncode == 2 and "at least 16 characters" in done.stderr, done.stderr
+
+
+def run_briefly(*args: str, **extra: str) -> subprocess.CompletedProcess | None:
+    """The dashboard's exit when it refuses to start; None (and stopped) when it started."""
+    proc = subprocess.Popen([sys.executable, "-m", "effectmq", "dashboard", *args], env=env(**extra), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        stop_process(proc)
+        return None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_a_non_loopback_bind_without_a_read_token_is_refused(tmp_path, redis_url):
+    """Issue 36, finding 9: `--host 0.0.0.0` started silently, every queue readable by
+    anyone who reaches the port. Now it needs a read token, or the explicit
+    --unauthenticated-reads (said loudly in the log)."""
+    for host in ("0.0.0.0", "::", "10.1.2.3"):
+        done = run_briefly("--url", redis_url, "--host", host, "--port", str(free_port()))
+        assert done is not None, f"--host {host} started without a read token"
+        assert done.returncode == 2 and "--read-token-file" in done.stderr and "--unauthenticated-reads" in done.stderr
+        assert "Traceback" not in done.stderr
+    (tmp_path / "read").write_text("read-token-4f0c2e9a1b\n")
+    with_token = Dashboard(tmp_path, "--url", redis_url, "--host", "0.0.0.0", "--read-token-file",
+                           str(tmp_path / "read"))
+    try:
+        assert get(with_token.base + "/api/queues")[0] == 401
+    finally:
+        assert stop_process(with_token.proc) == 0, with_token.log()
+    open_reads = Dashboard(tmp_path, "--url", redis_url, "--host", "0.0.0.0", "--unauthenticated-reads")
+    try:
+        assert get(open_reads.base + "/api/queues")[0] == 200
+        assert "WARNING" in open_reads.log() and "without a read token" in open_reads.log()
+    finally:
+        assert stop_process(open_reads.proc) == 0, open_reads.log()
+
+
 class Dashboard:
     def __init__(self, tmp: Path, *args: str, **extra: str):
         self.port = free_port()
@@ -80,7 +127,7 @@ async def test_probes_and_a_redis_outage(make_redis, tmp_path, browser):
     async with TaskQueue("emails", url=server.url) as q:
         await q.offer("send_email", {"to": "a@example.com"})
     token = tmp_path / "token"
-    token.write_text("tok-123\n")
+    token.write_text("tok-123-4567-89ab\n")
     # the URL from the environment, as the chart passes it from a Secret
     dash = Dashboard(tmp_path, "--actions", "--token-file", str(token), EFFECTMQ_REDIS_URL=server.url)
     try:
@@ -112,5 +159,23 @@ async def test_probes_and_a_redis_outage(make_redis, tmp_path, browser):
             assert time.monotonic() < deadline
             await asyncio.sleep(0.1)
         assert "Traceback" not in dash.log()
+    finally:
+        assert stop_process(dash.proc) == 0, dash.log()
+
+
+def test_no_answer_of_the_process_names_a_version(tmp_path, redis_url):
+    """Issue 36 (Low): `Server: Python/3.11 aiohttp/3.x`, also on the answers aiohttp's own
+    parser gives to malformed requests (test_exposure covers those of the app)."""
+    import socket
+
+    dash = Dashboard(tmp_path, "--url", redis_url)
+    try:
+        for raw in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nHost: localhost\r\nContent-Length: x\r\n\r\n",
+                    b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"):
+            with socket.create_connection(("127.0.0.1", dash.port), timeout=10) as conn:
+                conn.sendall(raw)
+                head = conn.recv(65536).split(b"\r\n\r\n")[0].decode()
+            server = [line for line in head.splitlines() if line.lower().startswith("server:")]
+            assert server == ["Server: effectmq-dashboard"], head
     finally:
         assert stop_process(dash.proc) == 0, dash.log()

@@ -76,7 +76,7 @@ async def test_ten_thousand_tasks_render_fast(redis_url, start_dashboard, browse
     async with aioredis.Redis.from_url(redis_url, decode_responses=True) as client:
         started = time.perf_counter()
         assert await discover_queues(client) == ["bulk", "small"]
-        figures["queue discovery (SCAN, every 10 s) over ~10,000 keys"] = (time.perf_counter() - started,) * 2
+        figures["queue discovery (SCAN, at most every 30 s) over ~10,000 keys"] = (time.perf_counter() - started,) * 2
     figures["overview in Chromium, until its charts are drawn"] = await browser_load(
         browser, dash.url("/"), '[data-queue="bulk"] .chart canvas')
     figures["waiting list in Chromium, until loaded"] = await browser_load(

@@ -56,9 +56,11 @@ async def test_queues_given_limit_what_is_shown(redis_url, start_dashboard):
 
 
 async def test_the_dashboard_keeps_lifecycle_events_written(redis_url, start_dashboard):
+    """With actions, or told to (--want-events): it writes to every queue, so a read-only
+    dashboard does not by default (test_redis_load: it writes nothing)."""
     async with TaskQueue("watched", url=redis_url) as q:
         await q.offer("job", {}, task_id="before")
-        dash = await start_dashboard(redis_url)
+        dash = await start_dashboard(redis_url, want_events=True)
         for _ in range(50):  # its background loop registers interest for every queue it shows
             if await q.redis.hget(q.keys.key("meta"), "events_until"):
                 break
@@ -186,7 +188,7 @@ async def test_on_a_replica_the_events_it_cannot_ask_for_are_logged_once(make_re
     admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
     try:
         with caplog.at_level(logging.INFO, logger="effectmq.dashboard"):
-            await start_dashboard(server.url)
+            await start_dashboard(server.url, actions=True)  # with actions it asks for events
             await asyncio.sleep(1.0)  # about 20 rounds of the loop
             warned = [r for r in caplog.records if "could not register interest" in r.getMessage()]
             assert len(warned) == 1 and "READONLY" in warned[0].getMessage()

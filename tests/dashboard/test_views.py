@@ -8,8 +8,9 @@ import pytest
 
 from effectmq.dashboard import auth, views
 from effectmq.dashboard.discovery import queue_name_of
-from effectmq.errors import ErrorInfo
+from effectmq.errors import STALLED, ErrorInfo
 from effectmq.models import AttemptRecord, QueueStats, TaskInfo, ThroughputPoint
+from effectmq.protocol import RawFields
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -39,16 +40,38 @@ def test_cancel_result(previous, status):
     assert views.cancel_result("t1", previous).status == status
 
 
-def test_sensitive_task_shows_no_values_but_its_error():
-    shown = views.task_detail(task(attempts=[AttemptRecord(1, "failed", ErrorInfo("Boom", "first", {"d": 2}), T0)]),
+def test_sensitive_task_shows_no_values_and_no_messages_but_its_error_tags():
+    shown = views.task_detail(task(attempts=[AttemptRecord(1, "failed", ErrorInfo("Boom", "first", {"d": 2}), T0),
+                                             AttemptRecord(2, "stalled", ErrorInfo(STALLED, "lease expired"), T0)]),
                               sensitive=True)
     for name in ("payload", "result", "progress"):
         assert shown[name] == views.HIDDEN
-    assert shown["error"] == {"tag": "Boom", "message": "it broke", "kind": "handler", "data": views.HIDDEN}
+    assert shown["error"] == {"tag": "Boom", "message": views.HIDDEN_MESSAGE, "kind": "handler", "data": views.HIDDEN}
     assert shown["attempts"][0]["error"]["data"] == views.HIDDEN
-    assert "{'d'" not in repr(shown) and "'p': 1" not in repr(shown)
+    assert shown["attempts"][0]["error"]["message"] == views.HIDDEN_MESSAGE
+    assert shown["attempts"][1]["error"]["message"] == "lease expired"  # the engine's own words quote nothing
+    assert "{'d'" not in repr(shown) and "'p': 1" not in repr(shown) and "it broke" not in repr(shown)
+    assert views.task_row(task(), sensitive=True)["error"] == {"tag": "Boom", "message": views.HIDDEN_MESSAGE}
+    assert views.task_row(task())["error"] == {"tag": "Boom", "message": "it broke"}
     plain = views.task_detail(task(), sensitive=False)
     assert plain["payload"] == {"p": 1} and plain["error"]["data"] == {"d": 1}
+    assert plain["error"]["message"] == "it broke"
+
+
+def test_a_record_nested_too_deeply_is_reported_not_raised():
+    deep = "[" * 100_000 + "]" * 100_000
+    fields = RawFields({"name": "job", "state": "waiting", "payload": deep, "result": "[1]", "attempt": "0",
+                        "error": '{"tag": "X", "message": "m", "data": ' + deep + "}"})
+    info = views.parse_record("t1", fields)
+    assert info.payload is None and info.result == [1] and info.error is None
+    assert info.corrupt == "stored payload is nested too deeply to read; stored error is nested too deeply to read"
+    nested: list = []
+    for _ in range(150):
+        nested = [nested]
+    assert views.depth_exceeds(nested, 100) and not views.depth_exceeds(nested, 151)
+    assert views.depth_exceeds({"a": [{"b": 1}]}, 2) and not views.depth_exceeds({"a": [{"b": 1}]}, 3)
+    shown = views.task_detail(task(payload=nested, state="waiting", error=None), sensitive=False)
+    assert shown["payload"] == "not shown: nested deeper than 100 levels"
 
 
 def test_attempt_rows_add_the_current_attempt_once():
@@ -97,39 +120,113 @@ def test_paging():
     assert views.parse_listing({}) == ("waiting", 0, views.DEFAULT_PAGE, "")
     assert views.parse_listing({"state": "failed", "offset": "10", "limit": "5", "search": " x "}) == (
         "failed", 10, 5, "x")
-    for bad in ({"state": "nope"}, {"offset": "-1"}, {"limit": "0"}, {"limit": "100000"}, {"offset": "x"}):
+    assert views.parse_listing({"offset": str(views.MAX_OFFSET)})[1] == views.MAX_OFFSET
+    for bad in ({"state": "nope"}, {"offset": "-1"}, {"limit": "0"}, {"limit": "100000"}, {"offset": "x"},
+                {"offset": str(views.MAX_OFFSET + 1)}, {"offset": str(2**63)}, {"offset": "9" * 5000}):
         with pytest.raises(views.BadRequest):
             views.parse_listing(bad)
 
 
-TOKEN = "s3cret-token"
-SESSION = {auth.SESSION_COOKIE: auth.session_value(TOKEN)}
+TOKEN = "s3cret-token-0123456"
+READ_TOKEN = "read-token-6543210"
+TOKENS = {auth.ACT: TOKEN, auth.READ: READ_TOKEN}
 PAGE = {auth.ACTION_HEADER: "1", "Origin": "http://dash:8080"}
+ACT, READ = auth.ACT, auth.READ
 
 
-@pytest.mark.parametrize("actions, token, headers, cookies, status", [
-    (False, TOKEN, PAGE, SESSION, 403),  # read-only, whatever is sent
-    (False, None, {"Authorization": f"Bearer {TOKEN}"}, {}, 403),
-    (True, None, PAGE, SESSION, 403),  # actions without a token never act
-    (True, TOKEN, PAGE, SESSION, 200),  # the page: cookie + header, same origin
-    (True, TOKEN, {auth.ACTION_HEADER: "1"}, SESSION, 200),  # no Origin sent
-    (True, TOKEN, {"Origin": "http://dash:8080"}, SESSION, 403),  # a cookie alone (a cross-site form) does not act
-    (True, TOKEN, {**PAGE, "Origin": "http://evil.example"}, SESSION, 403),
-    (True, TOKEN, {**PAGE, "Origin": "null"}, SESSION, 403),
-    (True, TOKEN, PAGE, {}, 401),  # not signed in
-    (True, TOKEN, PAGE, {auth.SESSION_COOKIE: "forged"}, 401),
-    (True, TOKEN, PAGE, {auth.SESSION_COOKIE: TOKEN}, 401),  # the cookie is an HMAC, not the token
-    (True, TOKEN, {"Authorization": f"Bearer {TOKEN}"}, {}, 200),  # scripts and curl
-    (True, TOKEN, {"Authorization": "Bearer wrong"}, SESSION, 401),
+@pytest.mark.parametrize("actions, role, by_bearer, headers, status", [
+    (False, ACT, False, PAGE, 403),  # read-only, whatever is sent
+    (False, ACT, True, {}, 403),
+    (True, ACT, False, PAGE, 200),  # the page: an action session + header, same origin
+    (True, ACT, False, {auth.ACTION_HEADER: "1"}, 200),  # no Origin sent
+    (True, ACT, False, {"Origin": "http://dash:8080"}, 403),  # a cookie alone (a cross-site form) does not act
+    (True, ACT, False, {**PAGE, "Origin": "http://evil.example"}, 403),
+    (True, ACT, False, {**PAGE, "Origin": "null"}, 403),
+    (True, ACT, False, {auth.ACTION_HEADER: "1", "Sec-Fetch-Site": "cross-site"}, 403),
+    (True, None, False, PAGE, 401),  # not signed in
+    (True, READ, False, PAGE, 403),  # signed in to read only
+    (True, ACT, True, {}, 200),  # scripts and curl with the action token
+    (True, READ, True, {}, 403),  # ... with the read token
 ])
-def test_who_may_act(actions, token, headers, cookies, status):
-    decision = auth.may_act(actions=actions, token=token, headers=headers, cookies=cookies, host="dash:8080")
+def test_who_may_act(actions, role, by_bearer, headers, status):
+    decision = auth.may_act(actions=actions, role=role, by_bearer=by_bearer, headers=headers, host="dash:8080")
     assert (200 if decision.allowed else decision.status) == status
 
 
-def test_session_value_reveals_nothing_of_the_token():
-    assert TOKEN not in auth.session_value(TOKEN)
-    assert auth.session_value(TOKEN) != auth.session_value(TOKEN + "x")
+def test_who_may_read():
+    assert auth.may_read(read_token=None, role=None).allowed
+    assert not auth.may_read(read_token=READ_TOKEN, role=None).allowed
+    assert auth.may_read(read_token=READ_TOKEN, role=READ).allowed and auth.may_read(read_token=READ_TOKEN, role=ACT).allowed
+
+
+def test_bearer_tokens_and_their_roles():
+    assert auth.bearer({}) is None and auth.bearer({"Authorization": "Basic x"}) == ""
+    assert auth.bearer({"Authorization": f"Bearer {TOKEN} "}) == TOKEN
+    assert auth.role_of_token(TOKEN, TOKENS) == ACT and auth.role_of_token(READ_TOKEN, TOKENS) == READ
+    assert auth.role_of_token("wrong", TOKENS) is None and auth.role_of_token("", TOKENS) is None
+    assert auth.role_of_token(TOKEN, {ACT: None, READ: READ_TOKEN}) is None
+
+
+def test_sessions_are_signed_expire_and_reveal_no_token():
+    value = auth.new_session(TOKEN, ACT, now=1000.0, max_age=60, session_id="abc")
+    assert TOKEN not in value
+    assert auth.read_session(value, TOKENS, now=1000.0, max_age=60) == auth.Session(ACT, 1060.0, "abc")
+    assert auth.read_session(value, TOKENS, now=1059.9, max_age=60) is not None
+    assert auth.read_session(value, TOKENS, now=1060.0, max_age=60) is None  # expired on the server
+    assert auth.read_session(value, TOKENS, now=900.0, max_age=60) is None  # lasts longer than granted
+    assert auth.read_session(value, {ACT: TOKEN + "x"}, now=1000.0, max_age=60) is None  # another token
+    assert auth.read_session(value.replace("act.", "read.", 1), TOKENS, now=1000.0, max_age=60) is None
+    forged = value.replace(".abc.", ".abd.")
+    assert auth.read_session(forged, TOKENS, now=1000.0, max_age=60) is None
+    for junk in ("", "forged", TOKEN, "act.x.y.z", "act.99999999999999999999.a.b"):
+        assert auth.read_session(junk, TOKENS, now=1000.0, max_age=60) is None
+    revoked = auth.Revoked()
+    session = auth.read_session(value, TOKENS, now=1000.0, max_age=60)
+    revoked.add(session, 1000.0)
+    assert session in revoked and auth.Session(ACT, 1060.0, "other") not in revoked
+
+
+def test_short_tokens_are_refused():
+    from effectmq.errors import InvalidOption
+
+    auth.check_token(None, "token")
+    auth.check_token("x" * auth.MIN_TOKEN_LENGTH, "token")
+    with pytest.raises(InvalidOption, match="at least 16 characters"):
+        auth.check_token("x" * (auth.MIN_TOKEN_LENGTH - 1), "token")
+
+
+@pytest.mark.parametrize("host, allowed, answered", [
+    ("127.0.0.1:8080", [], True), ("localhost", [], True), ("LOCALHOST.:80", [], True), ("[::1]:8080", [], True),
+    ("127.3.4.5", [], True), ("::1", [], True),
+    ("evil.example", [], False), ("10.0.0.7:8080", [], False), ("", [], False), (None, [], False),
+    ("localhost.evil.example", [], False), ("127.0.0.1.nip.io", [], False), ("[::1", [], False),
+    ("localhost:http", [], False),
+    ("dash.example.com:443", ["dash.example.com"], True), ("Dash.Example.com", ["dash.example.com."], True),
+    ("x.dash.example.com", ["dash.example.com"], False), ("anything", ["*"], True),
+])
+def test_which_hosts_are_answered(host, allowed, answered):
+    assert auth.host_allowed(host, allowed) is answered
+
+
+@pytest.mark.parametrize("bind, loopback", [("127.0.0.1", True), ("localhost", True), ("::1", True),
+                                            ("0.0.0.0", False), ("::", False), ("", False), ("10.0.0.1", False),
+                                            ("dash.internal", False)])
+def test_loopback_binds(bind, loopback):
+    assert auth.is_loopback(bind) is loopback
+
+
+def test_wrong_tokens_are_limited_per_client():
+    limit = auth.FailureLimit(max_failures=3, window=60)
+    for t in range(3):
+        assert limit.retry_after("a", now=100.0 + t) == 0
+        limit.failed("a", now=100.0 + t)
+    assert limit.retry_after("a", now=103.0) == pytest.approx(57.0)
+    assert limit.retry_after("b", now=103.0) == 0  # another client
+    assert limit.retry_after("a", now=160.5) == 0  # the oldest left the window
+    small = auth.FailureLimit(max_failures=1, window=60, clients=2)
+    for client in ("a", "b", "c"):
+        small.failed(client, now=0)
+    assert small.retry_after("a", now=1) == 0 and small.retry_after("c", now=1) > 0  # the oldest forgotten
 
 
 @pytest.mark.parametrize("key, name", [
@@ -143,12 +240,12 @@ def test_queue_name_of(key, name):
 
 @pytest.mark.parametrize("target, safe", [
     ("/queues/x", "/queues/x"), (None, "/"), ("https://evil.example/", "/"), ("//evil.example", "/"),
-    ("/\\evil.example", "/"), ("queues", "/"),
+    ("/\\evil.example", "/"), ("queues", "/"), ("/queues/x?state=failed&q=a b", "/queues/x?state=failed&q=a b"),
+    ("/\t/evil.example", "/"), ("/\r\n/evil.example", "/"), ("/\x00/x", "/"), ("/\x7f/x", "/"), ("/\x85/x", "/"),
+    ("/\u2028/evil.example", "/"), ("/%09/x", "/%09/x"),
 ])
 def test_sign_in_returns_only_to_local_paths(target, safe):
-    from effectmq.dashboard.web import _local_path
-
-    assert _local_path(target) == safe
+    assert auth.local_path(target) == safe
 
 
 def test_what_redis_info_says_about_taking_new_tasks():

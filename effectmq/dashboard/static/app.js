@@ -294,6 +294,10 @@
     try {
       const response = await fetch(API, { headers: { Accept: "application/json" }, credentials: "same-origin" });
       const data = await response.json().catch(() => ({}));
+      if (response.status === 401) { // the session ended (expired, signed out elsewhere): sign in again
+        location.assign("/login?next=" + enc(location.pathname + location.search));
+        return;
+      }
       if (!response.ok) {
         banner(response.status === 503 ? "Redis unreachable — retrying…" : `${data.error || response.status}: ${data.detail || ""}`);
         return;
