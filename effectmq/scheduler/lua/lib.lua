@@ -6,6 +6,8 @@ Every script receives these KEYS (all share the hash tag {<prefix>-sched:<namesp
   KEYS[3]   changes  zset id -> change number of the schedule's latest state change (numbers
                      grow by one per change); the operator's status mirror reads what changed
                      after its cursor. One entry per schedule at most: bounded like the index.
+  (and "{<prefix>-sched:<ns>}:id", no script's: the store's identity, written once by the
+  operator so that every URL of one Redis finds its schedules: connections.STORE_ID)
   KEYS[4..] the schedule hashes the call touches, "{<prefix>-sched:<ns>}:s:<id>". A script
             touches no key it was not given (Redis Cluster proxies route on KEYS).
 A schedule hash holds: spec (JSON), version, timing (cron|zone), cursor (ms: ticks at
