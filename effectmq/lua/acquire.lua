@@ -235,10 +235,7 @@ if out[3] >= 0 and out[3] <= now then  -- some delayed tasks are due: name them 
     if not promoted_scores[id] then out[6][#out[6] + 1] = id end  -- not those promoted here
   end
 end
-keep_receipt()
-flush_adds()
-flush_counts()
-commit_writes()
+write_gathered()
 -- The leases, written last and straight from the reply (every read of the call is done, so
 -- no write is queued for them: a copy per lease was most of what the queue cost here).
 local attempt_was, attempt_text

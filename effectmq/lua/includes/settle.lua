@@ -61,11 +61,18 @@ local function settle(id, key, state, index_key, retention_ms, now, extra, lease
   end
 end
 
--- The end of every script that settles or forgets tasks: the gathered writes go out.
-local function finish(reply)
+-- What a script that settles or forgets tasks gathered, written: its receipt, the index
+-- entries, the per-minute counts, then every queued write (acquire writes its leases after).
+local function write_gathered()
   keep_receipt()
   flush_adds()
   flush_counts()
-  commit()
+  commit_writes()
+end
+
+-- The end of every script that settles or forgets tasks: the gathered writes go out, then the hints.
+local function finish(reply)
+  write_gathered()
+  send_hints()
   return reply
 end

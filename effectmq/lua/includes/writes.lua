@@ -5,13 +5,15 @@
 
 -- VALIDATE BEFORE THE FIRST WRITE (runtime rule 7). Redis keeps what a script wrote before
 -- it failed, so a script queues its writes with write(), and commit(), at its end
--- (finish), sends them in order (acquire then writes its leases itself, every read done). Every read, decode,
--- encode and check of a call thus comes before its first write, and after that only
--- writes whose arguments are already computed run: nothing that can fail. Reads see the
--- state before the call; what the call itself changed it keeps in its own table (call.lua).
+-- (finish), sends them in order (acquire then writes its leases itself, every read done).
+-- Every read, decode, encode and check of a call thus comes before its first write, and
+-- after that only writes whose arguments are already computed run: nothing that can fail.
+-- Reads see the state before the call; what the call itself changed it keeps in its own
+-- table (call.lua).
 -- Notifications are hints (hint()): sent after the writes, through pcall, so a channel an
 -- ACL denies never fails a call. tests/runtime/test_write_rule.py injects an error at
 -- every step of every script up to its first write, and holds the rest to writes and hints.
+
 -- FIRST_WRITE_FREES. Redis under maxmemory (noeviction) refuses a script only at its
 -- first write that may grow memory: the scripts that keep work in flight alive (renew,
 -- complete, fail, release, acquire's completions), a worker's announcement and a setting
