@@ -27,6 +27,11 @@ def env(name: str, default: Any = None, cast: Callable = str) -> Any:
         raise SystemExit(2) from None
 
 
+def env_flag(name: str) -> bool:
+    """A yes/no option's default from the environment: true only for "true" (any case)."""
+    return (env(name) or "").lower() == "true"
+
+
 def emit(args, value: Any, human: Callable[[Any], str]) -> None:
     """Print JSON with --json, else the human rendering."""
     print(json.dumps(value, indent=2, default=str) if args.json else human(value), flush=True)

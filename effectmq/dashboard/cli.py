@@ -23,7 +23,7 @@ import os
 import signal
 import sys
 
-from ..clitools import URL_HELP, env
+from ..clitools import URL_HELP, env, env_flag
 from ..errors import InvalidOption
 
 log = logging.getLogger("effectmq.dashboard")
@@ -139,7 +139,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=env("EFFECTMQ_DASHBOARD_PORT", 8080, int),
                    help="[EFFECTMQ_DASHBOARD_PORT, default 8080]")
     p.add_argument("--actions", action="store_true",
-                   default=(env("EFFECTMQ_DASHBOARD_ACTIONS") or "").lower() == "true",
+                   default=env_flag("EFFECTMQ_DASHBOARD_ACTIONS"),
                    help="enable retry/cancel/pause/suspend (needs a token) [EFFECTMQ_DASHBOARD_ACTIONS=true]")
     p.add_argument("--token-file", default=env("EFFECTMQ_DASHBOARD_TOKEN_FILE"),
                    help="file holding the action token [EFFECTMQ_DASHBOARD_TOKEN_FILE]; "
@@ -148,18 +148,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="file holding the read token: every page then needs it, or the action token "
                    "[EFFECTMQ_DASHBOARD_READ_TOKEN_FILE]; or the token itself in EFFECTMQ_DASHBOARD_READ_TOKEN")
     p.add_argument("--unauthenticated-reads", action="store_true",
-                   default=(env("EFFECTMQ_DASHBOARD_UNAUTHENTICATED_READS") or "").lower() == "true",
+                   default=env_flag("EFFECTMQ_DASHBOARD_UNAUTHENTICATED_READS"),
                    help="bind an address other hosts reach without a read token: anyone who reaches it reads "
                    "every queue [EFFECTMQ_DASHBOARD_UNAUTHENTICATED_READS=true]")
     p.add_argument("--allowed-host", action="append", metavar="NAME",
                    help="a host name the dashboard answers to besides loopback ones (repeat it; * for any); "
                    "requests naming others get 421 [EFFECTMQ_DASHBOARD_ALLOWED_HOSTS, comma-separated]")
     p.add_argument("--behind-tls", action="store_true",
-                   default=(env("EFFECTMQ_DASHBOARD_BEHIND_TLS") or "").lower() == "true",
+                   default=env_flag("EFFECTMQ_DASHBOARD_BEHIND_TLS"),
                    help="served through TLS (an ingress): the session cookie is Secure "
                    "[EFFECTMQ_DASHBOARD_BEHIND_TLS=true]")
     p.add_argument("--want-events", action="store_true",
-                   default=(env("EFFECTMQ_DASHBOARD_WANT_EVENTS") or "").lower() == "true",
+                   default=env_flag("EFFECTMQ_DASHBOARD_WANT_EVENTS"),
                    help="keep lifecycle events written for every queue shown (a write per queue every 20 s), "
                    "as --actions does; a read-only dashboard otherwise writes nothing "
                    "[EFFECTMQ_DASHBOARD_WANT_EVENTS=true]")
