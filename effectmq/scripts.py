@@ -48,7 +48,6 @@ def _lua_file(name: str) -> str:
     return (resources.files(__package__) / "lua" / name).read_text()
 
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A script or include names what it needs, one line each (BullMQ's `--- @include`).
 _INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.M)
 

@@ -60,7 +60,8 @@ local function drop_from_indexes(id, state)
   if index then write('ZREM', index, id) end
 end
 
--- Move a declared delayed task into waiting if it is due; true when it was.
+-- Move a declared delayed task into waiting if it is due: its waiting score (true when its
+-- record is gone), false when it is not due.
 local function promote_if_due(id, now)
   local due = redis.call('ZSCORE', K_DELAYED, id)
   if not due or tonumber(due) > now then return false end

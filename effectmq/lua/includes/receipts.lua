@@ -21,13 +21,9 @@ local function use_receipts(own, resent)
   return #ids
 end
 
--- Did this call or a receipt it was given complete `token` (and delete its record)?
+-- Did a receipt this call was given complete `token` (and delete its record)? (What this
+-- call settled itself outcome_of finds in call.settled first.)
 local function in_receipts(token)
-  if call.receipt then  -- completed by this call already (a token sent twice in it)
-    for _, done in ipairs(call.receipt.tokens) do
-      if done == token then return true end
-    end
-  end
   if call.receipt_values == nil then
     call.receipt_values = {}
     for i, key in ipairs(call.receipt_keys) do call.receipt_values[i] = redis.call('GET', key) or '' end
