@@ -79,18 +79,6 @@ class AcquireStatus(StrEnum):
     LIMITED = "limited"  # max_active reached
 
 
-# Queue settings' values when the meta hash has none. scripts.py writes them into every
-# script as the Lua table DEFAULTS (every script emits events, most may forget a record),
-# so Python is their one source; per-call defaults travel in each script's ARGV instead.
-SETTING_DEFAULTS = {"paused": 0, "max_active": 0, "dedup_window_ms": 604_800_000, "events_maxlen": 10_000,
-                    "events_always": 0}
-
-
-def lua_defaults() -> str:
-    entries = ", ".join(f"{name} = {int(value)}" for name, value in SETTING_DEFAULTS.items())
-    return f"local DEFAULTS = {{{entries}}}\n"
-
-
 def ms(seconds: float) -> int:
     return int(round(seconds * 1000))
 

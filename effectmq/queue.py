@@ -25,15 +25,16 @@ from .engine import Lease, LeaseEngine, WakeSignal
 from .errors import CANCELED, STALLED, ErrorInfo, InvalidOption, TaskFailed, TaskNotFound
 from .keys import INDEXES, QueueKeys, check_queue_name
 from .models import MaintenanceReport, Offered, QueueStats, TaskInfo, ThroughputPoint
-from .protocol import (MAX_ACQUIRE, MAX_COUNT, MAX_DEDUP_WINDOW, MAX_DELAY, MAX_DURATION, MAX_LIST,
-                       MAX_LOCK_TIMEOUT, MAX_MAINTAIN_BATCH, MAX_PROMOTE_BATCH, MAX_RETENTION, ms, retention_ms)
+from .protocol import (MAX_ACQUIRE, MAX_COUNT, MAX_DELAY, MAX_DURATION, MAX_LIST,
+                       MAX_MAINTAIN_BATCH, MAX_PROMOTE_BATCH, ms, retention_ms)
 from .routing import script_runner, server_time_ms, subscriber
+from .settings import META_FIELDS, STORED, Kind, default
 
 # Importers (scheduler, tests) read these names here.
 __all__ = ["TaskQueue", "Lease", "offer_argv", "DEFAULT_DEDUP_WINDOW", "MAX_ACQUIRE", "MAX_MAINTAIN_BATCH"]
 
 # How long an explicit task id stays reserved after its record expired (lib.lua `forget`).
-DEFAULT_DEDUP_WINDOW = protocol.SETTING_DEFAULTS["dedup_window_ms"] / 1000
+DEFAULT_DEDUP_WINDOW = default("dedup_window")
 MAX_PRIORITY = 1000
 MAX_ID_LENGTH = 512
 # The largest payload an offer takes, in bytes of its JSON (UTF-8), unless the TaskQueue
@@ -41,35 +42,9 @@ MAX_ID_LENGTH = 512
 # reads it back, so it is bounded like a stored error (protocol.MAX_ERROR_BYTES).
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 MAX_PAYLOAD_CAP = 512 << 20  # Redis's own limit for one value (proto-max-bulk-len)
-# Settings a queue keeps in Redis so that producers, workers and the operator agree.
-SETTINGS = {
-    "paused": "paused",
-    "max_active": "max_active",
-    "max_retries": "max_retries",
-    "max_stalled_count": "max_stalled_count",
-    "lock_timeout": "lock_timeout_ms",
-    "retention_completed": "retention_completed_ms",
-    "retention_failed": "retention_failed_ms",
-    "dedup_window": "dedup_window_ms",
-    "events_maxlen": "events_maxlen",
-    "events_always": "events_always",
-    "sensitive": "sensitive",
-    "retry": "retry",
-}
-# Yes/no settings, stored as "1" / "0"; read back as False when never set.
-_FLAG_SETTINGS = {"paused", "events_always", "sensitive"}
-_SECONDS_SETTINGS = {"lock_timeout", "retention_completed", "retention_failed", "dedup_window"}
-# The range of each numeric setting: (minimum, maximum); a retention of -1 keeps records.
-_SETTING_RANGES = {
-    "lock_timeout": (0.001, MAX_LOCK_TIMEOUT),
-    "retention_completed": (-1, MAX_RETENTION),
-    "retention_failed": (-1, MAX_RETENTION),
-    "dedup_window": (0.001, MAX_DEDUP_WINDOW),
-    "max_active": (0, MAX_COUNT),
-    "max_retries": (0, MAX_COUNT),
-    "max_stalled_count": (0, MAX_COUNT),
-    "events_maxlen": (0, MAX_COUNT),
-}
+# Settings a queue keeps in Redis so that producers, workers and the operator agree
+# (settings.TABLE: names, kinds, defaults, bounds, meta fields).
+SETTINGS = META_FIELDS
 MAX_RETRY_FACTOR = 1000.0
 # offer_many builds its answers in slices of this many, letting the event loop run between.
 _ANSWER_SLICE = 10 * protocol.OFFER_CHUNK
@@ -101,6 +76,15 @@ def retry_json(policy: Any, name: str = "retry") -> dict | None:
     if spec and "factor" in spec:
         check_number(f"{name}.factor", spec["factor"], minimum=1, maximum=MAX_RETRY_FACTOR, allow_none=False)
     return spec
+
+
+def _check_setting(key: str, value: Any, allow_none: bool = True) -> None:
+    """A stored setting's value within its bounds (settings.TABLE)."""
+    setting = STORED[key]
+    if setting.kind is Kind.FLAG:
+        return
+    check_number(key, value, minimum=0 if setting.minimum is None else setting.minimum, maximum=setting.maximum,
+                 allow_none=allow_none, integer=setting.kind is Kind.COUNT)
 
 
 def offer_argv(task_name: str, payload: Any, *, task_id: str | None = None, delay: float | None = None,
@@ -146,21 +130,22 @@ class TaskQueue(OwnsConnection):
     """One named queue on Redis: offer, acquire under a lease, inspect, maintain."""
 
     def __init__(self, name: str, *, redis: aioredis.Redis | None = None, url: str | None = None,
-                 prefix: str = "emq", lock_timeout: float = 30.0, max_retries: int = 3,
-                 max_stalled_count: int = 1, retry: Any = None, retention_completed: float | None = 86400.0,
-                 retention_failed: float | None = 604800.0, promote_batch: int = 100,
+                 prefix: str = "emq", lock_timeout: float = default("lock_timeout"),
+                 max_retries: int = default("max_retries"), max_stalled_count: int = default("max_stalled_count"),
+                 retry: Any = None, retention_completed: float | None = default("retention_completed"),
+                 retention_failed: float | None = default("retention_failed"), promote_batch: int = 100,
                  max_connections: int | None = None, socket_timeout: float = 15.0,
                  max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES):
         """max_payload_bytes: the largest payload offer() and offer_many() take, in bytes
         of its JSON (default DEFAULT_MAX_PAYLOAD_BYTES, 1 MiB; None: no cap)."""
         self.name = check_queue_name(name)
-        check_number("lock_timeout", lock_timeout, minimum=0.01, allow_none=False, maximum=MAX_LOCK_TIMEOUT)
-        check_number("max_retries", max_retries, integer=True, allow_none=False, maximum=MAX_COUNT)
-        check_number("max_stalled_count", max_stalled_count, integer=True, allow_none=False, maximum=MAX_COUNT)
+        for key, value in (("lock_timeout", lock_timeout), ("max_retries", max_retries),
+                           ("max_stalled_count", max_stalled_count)):
+            _check_setting(key, value, allow_none=False)
         check_number("promote_batch", promote_batch, minimum=1, integer=True, allow_none=False,
                      maximum=MAX_PROMOTE_BATCH)
-        check_number("retention_completed", retention_completed, minimum=-1, maximum=MAX_RETENTION)
-        check_number("retention_failed", retention_failed, minimum=-1, maximum=MAX_RETENTION)
+        _check_setting("retention_completed", retention_completed)
+        _check_setting("retention_failed", retention_failed)
         check_number("max_connections", max_connections, minimum=1, integer=True, maximum=MAX_COUNT)
         check_number("socket_timeout", socket_timeout, minimum=0.001, maximum=MAX_DURATION)
         check_number("max_payload_bytes", max_payload_bytes, minimum=1, integer=True, maximum=MAX_PAYLOAD_CAP)
@@ -283,7 +268,7 @@ class TaskQueue(OwnsConnection):
         took first: look again now), so an idle worker knows how long it may sleep.
         Values are decoded per task: one that is not UTF-8 marks its lease `corrupt`.
         """
-        check_number("lock_timeout", lock_timeout, minimum=0.01, maximum=MAX_LOCK_TIMEOUT)
+        _check_setting("lock_timeout", lock_timeout)
         return await self.engine.acquire_many(count, lock_timeout=lock_timeout)
 
     async def complete_many(self, settled: Sequence[tuple[Lease, str]]) -> list[protocol.Outcome]:
@@ -377,20 +362,14 @@ class TaskQueue(OwnsConnection):
         for key, value in settings.items():
             if key not in SETTINGS:
                 raise InvalidOption(f"unknown queue setting {key!r}; known: {', '.join(SETTINGS)}")
+            setting = STORED[key]
             if value is None:
                 encoded = ""
-            elif key in _FLAG_SETTINGS:
-                encoded = "1" if value else "0"
-            elif key == "retry":
+            elif setting.kind is Kind.RETRY:
                 encoded = codec.dumps(retry_json(value))
-            elif key in _SECONDS_SETTINGS:
-                low, high = _SETTING_RANGES[key]
-                check_number(key, value, minimum=low, maximum=high)
-                encoded = str(retention_ms(value) if key.startswith("retention") else ms(value))
             else:
-                low, high = _SETTING_RANGES[key]
-                check_number(key, value, integer=True, minimum=low, maximum=high)
-                encoded = str(value)
+                _check_setting(key, value, allow_none=False)
+                encoded = setting.encode(value)
             written.append(protocol.Setting(SETTINGS[key], encoded))
         if written:
             await self._scripts.run(protocol.ConfigureArgs(written))
@@ -399,16 +378,16 @@ class TaskQueue(OwnsConnection):
         """Queue-level settings currently stored in Redis (seconds for durations)."""
         with self._redis_errors:
             raw = await self.redis.hgetall(self.keys.key("meta"))
-        out: dict[str, Any] = {key: False for key in _FLAG_SETTINGS - {"paused"}}
-        for key, field in SETTINGS.items():
-            if field not in raw:
+        out: dict[str, Any] = {key: False for key, s in STORED.items() if s.kind is Kind.FLAG and key != "paused"}
+        for key, setting in STORED.items():
+            if setting.redis not in raw:
                 continue
-            value = raw[field]
-            if key in _FLAG_SETTINGS:
+            value = raw[setting.redis]
+            if setting.kind is Kind.FLAG:
                 out[key] = value == "1"
-            elif key == "retry":
+            elif setting.kind is Kind.RETRY:
                 out[key] = retry_policies.from_json(codec.loads(value, "retry setting"))
-            elif key in _SECONDS_SETTINGS:
+            elif setting.kind in (Kind.SECONDS, Kind.RETENTION):
                 out[key] = int(value) / 1000 if int(value) >= 0 else None
             else:
                 out[key] = int(value)
@@ -419,8 +398,7 @@ class TaskQueue(OwnsConnection):
         stored = await self.settings()
         for key in ("max_retries", "max_stalled_count", "lock_timeout", "retention_completed", "retention_failed"):
             if key in stored and stored[key] is not None:  # within bounds, whoever wrote it
-                low, high = _SETTING_RANGES[key]
-                setattr(self, key, min(max(stored[key], low), high))
+                setattr(self, key, STORED[key].clamp(stored[key]))
         if stored.get("retry"):
             self.retry_policy = stored["retry"]
         return stored

@@ -13,11 +13,18 @@ from dataclasses import dataclass
 from typing import Callable, Union
 
 from .errors import InvalidOption
+from .settings import BY_FIELD
+
+# The policy's defaults, as settings.TABLE gives them to a Queue resource too.
+_INITIAL = float(BY_FIELD["retry.initialDelaySeconds"].default)
+_MAXIMUM = float(BY_FIELD["retry.maxDelaySeconds"].default)
+_JITTER = bool(BY_FIELD["retry.jitter"].default)
+_BACKOFF = BY_FIELD["retry.backoff"].default
 
 
 @dataclass(frozen=True)
 class Fixed:
-    delay: float = 1.0
+    delay: float = _INITIAL
 
     def __post_init__(self) -> None:
         if self.delay < 0:
@@ -32,10 +39,10 @@ class Fixed:
 
 @dataclass(frozen=True)
 class Exponential:
-    initial: float = 1.0
-    maximum: float = 300.0
+    initial: float = _INITIAL
+    maximum: float = _MAXIMUM
     factor: float = 2.0
-    jitter: bool = True
+    jitter: bool = _JITTER
 
     def __post_init__(self) -> None:
         if self.initial < 0 or self.maximum < 0:
@@ -71,15 +78,15 @@ def from_json(spec: dict | None) -> Fixed | Exponential | None:
     """Parse the JSON (or CRD) form of a policy; None for no policy."""
     if not spec:
         return None
-    kind = spec.get("backoff", "Exponential")
+    kind = spec.get("backoff", _BACKOFF)
     if kind == "Fixed":
-        return Fixed(float(spec.get("initialDelaySeconds", 1.0)))
+        return Fixed(float(spec.get("initialDelaySeconds", _INITIAL)))
     if kind == "Exponential":
         return Exponential(
-            float(spec.get("initialDelaySeconds", 1.0)),
-            float(spec.get("maxDelaySeconds", 300.0)),
+            float(spec.get("initialDelaySeconds", _INITIAL)),
+            float(spec.get("maxDelaySeconds", _MAXIMUM)),
             float(spec.get("factor", 2.0)),
-            bool(spec.get("jitter", True)),
+            bool(spec.get("jitter", _JITTER)),
         )
     raise InvalidOption(f"unknown retry backoff {kind!r} (expected Fixed or Exponential)")
 

@@ -3,7 +3,7 @@
 On Redis 7 the scripts in ``lua/`` are one function library (`library`: the helpers of
 ``lua/includes/`` defined once, each script a function) called with FCALL. Where Redis
 has no functions for us (6.2, an ACL), each is called by SHA (EVALSHA), prefixed with the
-queue settings' defaults (from `protocol.SETTING_DEFAULTS`) and the includes it names. When Redis answers that it lacks one (after a restart, SCRIPT or
+queue settings' defaults (from `settings.LUA_DEFAULTS`) and the includes it names. When Redis answers that it lacks one (after a restart, SCRIPT or
 FUNCTION FLUSH) the runner loads it and sends the call again. Calls take and give the
 typed records of `protocol`; each call declares the queue's keys and then the task
 hashes of its `task_ids()` (lua/includes/keys.lua).
@@ -25,7 +25,8 @@ from redis.asyncio.connection import Connection
 from redis.asyncio.sentinel import SentinelManagedConnection
 
 from .connection import TRANSPORT_ERRORS, RedisErrors, classify_reply
-from .protocol import SCRIPTS, ScriptArgs, lua_defaults
+from .protocol import SCRIPTS, ScriptArgs
+from .settings import lua_defaults
 
 log = logging.getLogger("effectmq")
 

@@ -13,55 +13,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from effectmq import settings
+
 from .scaling import ScalingSpec
 
-# Schema defaults of crds/queue.yaml, by field path under spec.
-QUEUE_DEFAULTS: dict[str, Any] = {
-    "redis.tls.enabled": False,
-    "redis.tls.insecureSkipVerify": False,
-    "paused": False,
-    "sensitive": False,
-    "maxActive": 0,
-    "lockTimeoutSeconds": 30,
-    "lockRefreshSeconds": 10,
-    "maxStalledCount": 1,
-    "retry": {},
-    "retry.backoff": "Exponential",
-    "retry.initialDelaySeconds": 1,
-    "retry.maxDelaySeconds": 300,
-    "retry.jitter": True,
-    "retention": {},
-    "retention.completedSeconds": 86400,
-    "retention.failedSeconds": 604800,
-    "worker.concurrency": 10,
-    "worker.terminationGracePeriodSeconds": 60,
-    "worker.progressDeadlineSeconds": 600,
-    "scaling": {},
-    "scaling.minReplicas": 0,
-    "scaling.maxReplicas": 10,
-    "scaling.targetTasksPerReplica": 50,
-    "scaling.activationTasks": 1,
-    "scaling.pollIntervalSeconds": 10,
-    "scaling.scaleDownStabilizationSeconds": 300,
-    "scaling.cooldownSeconds": 300,
-}
-
-# Schema maxima of crds/queue.yaml, by field path under spec: every interval is bounded,
-# so a typo (pollIntervalSeconds: 2147483647) is refused instead of silently never polling.
-TEN_YEARS = 315360000  # effectmq.protocol.MAX_DURATION
-QUEUE_MAXIMA: dict[str, int] = {
-    "lockTimeoutSeconds": TEN_YEARS,
-    "lockRefreshSeconds": TEN_YEARS,
-    "retry.initialDelaySeconds": TEN_YEARS,
-    "retry.maxDelaySeconds": TEN_YEARS,
-    "retention.completedSeconds": TEN_YEARS,
-    "retention.failedSeconds": TEN_YEARS,
-    "worker.terminationGracePeriodSeconds": 86400,  # a day of draining
-    "worker.progressDeadlineSeconds": 86400,
-    "scaling.pollIntervalSeconds": 3600,  # an hour: the oldest the backlog figures and scaling can be
-    "scaling.scaleDownStabilizationSeconds": 3600,  # the HPA's own bound of its stabilization window
-    "scaling.cooldownSeconds": 86400,
-}
+# Schema defaults, minima and maxima of crds/queue.yaml by field path under spec, from
+# the settings table (the CRD is written from it too), plus the objects defaulted to {}.
+QUEUE_DEFAULTS: dict[str, Any] = {**settings.resource_defaults(), "retry": {}, "retention": {}, "scaling": {}}
+QUEUE_MINIMA: dict[str, int] = settings.resource_minima()
+# Every interval is bounded, so a typo (pollIntervalSeconds: 2147483647) is refused
+# instead of silently never polling.
+QUEUE_MAXIMA: dict[str, int] = settings.resource_maxima()
 
 # A Queue's name is the value of its worker pods' app.kubernetes.io/instance label.
 MAX_QUEUE_NAME = 63
@@ -169,11 +131,11 @@ class QueueSpec:
             if not isinstance(env, list) or not all(isinstance(e, Mapping) and e.get("name") for e in env):
                 raise InvalidSpec("spec.worker.env: a list of EnvVar objects, each with a name")
             worker = WorkerSpec(
-                image=image, handlers=handlers, concurrency=w.int("concurrency", minimum=1),
+                image=image, handlers=handlers, concurrency=w.int("concurrency"),
                 prefetch=None if w.raw("prefetch") is None else w.int("prefetch", minimum=0),
                 env=tuple(dict(e) for e in env), resources=dict(w.raw("resources") or {}),
                 termination_grace_seconds=w.int("terminationGracePeriodSeconds"),
-                progress_deadline_seconds=w.int("progressDeadlineSeconds", minimum=1),
+                progress_deadline_seconds=w.int("progressDeadlineSeconds"),
                 pod_template=dict(w.raw("podTemplate") or {}),
             )
         sc = s.section("scaling")
@@ -181,15 +143,15 @@ class QueueSpec:
         max_active = s.int("maxActive")
         scaling = ScalingSpec(
             min_replicas=sc.int("minReplicas"), max_replicas=sc.int("maxReplicas"),
-            target_tasks_per_replica=sc.int("targetTasksPerReplica", minimum=1),
-            activation_tasks=sc.int("activationTasks"), poll_interval=float(sc.int("pollIntervalSeconds", minimum=1)),
+            target_tasks_per_replica=sc.int("targetTasksPerReplica"),
+            activation_tasks=sc.int("activationTasks"), poll_interval=float(sc.int("pollIntervalSeconds")),
             scale_down_stabilization=float(sc.int("scaleDownStabilizationSeconds")),
             cooldown=float(sc.int("cooldownSeconds")), concurrency=concurrency, paused=s.bool("paused"),
             replica_cap=math.ceil(max_active / concurrency) if max_active > 0 else None,
         )
         if scaling.min_replicas > scaling.max_replicas:
             raise InvalidSpec("spec.scaling.minReplicas must be less than or equal to spec.scaling.maxReplicas")
-        lock_timeout, lock_refresh = s.int("lockTimeoutSeconds", minimum=1), s.int("lockRefreshSeconds", minimum=1)
+        lock_timeout, lock_refresh = s.int("lockTimeoutSeconds"), s.int("lockRefreshSeconds")
         if lock_refresh >= lock_timeout:
             raise InvalidSpec("spec.lockRefreshSeconds must be less than spec.lockTimeoutSeconds")
         retention = s.section("retention")
@@ -245,8 +207,10 @@ class _Reader:
             raise InvalidSpec(f"{self.path}.{key}: must be true or false")
         return value
 
-    def int(self, key: str, minimum: int = 0) -> int:
+    def int(self, key: str, minimum: int | None = None) -> int:
         value = self.raw(key)
+        if minimum is None:
+            minimum = QUEUE_MINIMA.get(self._default_key(key), 0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
             raise InvalidSpec(f"{self.path}.{key}: must be an integer")
         if value < minimum:

@@ -81,6 +81,20 @@ def test_the_maxima_table_is_the_crds():
     assert QUEUE_MAXIMA == schema_maxima(SPEC_SCHEMA)
 
 
+def test_the_minima_of_the_settings_table_are_the_crds():
+    """A local run refuses what the API server would: minima come from the same table."""
+    from effectmq_operator.spec import QUEUE_MINIMA
+
+    for field, minimum in QUEUE_MINIMA.items():
+        node = SPEC_SCHEMA
+        for part in field.split("."):
+            node = node["properties"][part]
+        assert node["minimum"] == minimum, field
+    worker = {"image": "w", "handlers": "a:b", "concurrency": 0}
+    with pytest.raises(InvalidSpec, match=r"spec.worker.concurrency: must be >= 1"):
+        QueueSpec.parse({**MINIMAL, "worker": worker}, "q")
+
+
 @pytest.mark.parametrize("section, field, value, message", [
     ("scaling", "pollIntervalSeconds", 2147483647, "spec.scaling.pollIntervalSeconds: must be <= 3600"),
     ("scaling", "scaleDownStabilizationSeconds", 3601, "must be <= 3600"),

@@ -14,7 +14,8 @@ import pytest
 
 from effectmq import protocol, queue as queue_module, scripts
 from effectmq.keys import QueueKeys
-from effectmq.protocol import SCRIPTS, SETTING_DEFAULTS, AcquireStatus, Outcome
+from effectmq.protocol import SCRIPTS, AcquireStatus, Outcome
+from effectmq.settings import LUA_DEFAULTS as SETTING_DEFAULTS, lua_defaults
 
 LUA = Path(protocol.__file__).parent / "lua"
 SEQUENCES = (list, collections.abc.Sequence)
@@ -233,7 +234,7 @@ def test_outcome_codes_and_acquire_statuses_are_named_alike():
 
 
 def test_no_numeric_default_is_written_in_lua():
-    """A fallback is an ARGV value (the caller's) or DEFAULTS (protocol.SETTING_DEFAULTS)."""
+    """A fallback is an ARGV value (the caller's) or DEFAULTS (settings.LUA_DEFAULTS)."""
     used = set()
     for path in [*LUA.glob("*.lua"), *LUA.glob("includes/*.lua")]:
         body = path.read_text()
@@ -252,7 +253,7 @@ def test_no_numeric_default_is_written_in_lua():
     assert set(SETTING_DEFAULTS) <= set(queue_module.SETTINGS.values())
     assert queue_module.DEFAULT_DEDUP_WINDOW * 1000 == SETTING_DEFAULTS["dedup_window_ms"]
     for operation in SCRIPTS:
-        assert scripts.source(operation).startswith(protocol.lua_defaults())
+        assert scripts.source(operation).startswith(lua_defaults())
 
 
 def test_replies_parse_into_named_fields():

@@ -1,0 +1,191 @@
+"""Every queue setting in one table: its Python name, Queue resource field, kind, default,
+bounds, Redis field and description.
+
+Read from here: `TaskQueue`'s defaults and validation (`queue.py`), the defaults the
+scripts fall back on (`LUA_DEFAULTS`), the operator's spec defaults and
+bounds (`effectmq_operator.spec`). Written from here by `tooling/settings.py`: the CRD
+schema's defaults, bounds and descriptions (both copies) and `docs/settings.md`;
+`tests/runtime/test_settings_table.py` fails while they differ. Changing a default is
+one edit here, then `python tooling/settings.py`.
+
+A pure module: no I/O, imports only constants.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from .protocol import MAX_COUNT, MAX_DEDUP_WINDOW, MAX_DURATION, MAX_LOCK_TIMEOUT, MAX_RETENTION
+
+
+class Kind(Enum):
+    FLAG = "flag"  # yes/no; Redis "1" / "0"
+    COUNT = "count"  # integer; Redis as is
+    SECONDS = "seconds"  # Python seconds (float); Redis milliseconds
+    RETENTION = "retention"  # seconds, None or -1 keeps forever; Redis ms, -1 keeps
+    RETRY = "retry"  # a retry policy; Redis its JSON
+    ENUM = "enum"  # one of `choices` (resource only)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One queue setting. `name` is the Python keyword (TaskQueue, configure, the worker),
+    None for what only the operator reads; `field` its path under a Queue's spec, None when
+    the resource has no such field; `redis` the field of the queue's meta hash that carries
+    it to every producer, worker and script, None when it does not travel through Redis."""
+
+    name: str | None
+    field: str | None
+    kind: Kind
+    default: Any
+    description: str
+    minimum: float | None = None
+    maximum: float | None = None
+    redis: str | None = None
+    unit: str = ""
+    field_minimum: int | None = None  # the resource's own lower bound, when whole seconds make it differ
+    field_default: bool = True  # False: the CRD leaves the field unset (the runtime's default applies)
+    lua: bool = False  # scripts fall back on the default (LUA_DEFAULTS) when meta has none
+    choices: tuple[str, ...] = ()
+
+    def encode(self, value: Any) -> str:
+        """The meta hash form of a value (already validated)."""
+        if self.kind is Kind.FLAG:
+            return "1" if value else "0"
+        if self.kind is Kind.SECONDS:
+            return str(int(round(value * 1000)))
+        if self.kind is Kind.RETENTION:
+            return "-1" if value is None or value < 0 else str(int(round(value * 1000)))
+        return str(value)
+
+    def clamp(self, value: float) -> float:
+        """A stored value within bounds, whoever wrote it."""
+        low = -math.inf if self.minimum is None else self.minimum
+        high = math.inf if self.maximum is None else self.maximum
+        return min(max(value, low), high)
+
+    @property
+    def resource_minimum(self) -> float | None:
+        return self.minimum if self.field_minimum is None else self.field_minimum
+
+
+TEN_YEARS = int(MAX_DURATION)
+_S = Setting
+TABLE: tuple[Setting, ...] = (
+    # -- travel through Redis: every producer, worker and script reads them ------------
+    _S("paused", "paused", Kind.FLAG, False, redis="paused", lua=True,
+       description="Workers acquire no new tasks while true; producers may still offer."),
+    _S("sensitive", "sensitive", Kind.FLAG, False, redis="sensitive",
+       description="The dashboard shows no payload, result or progress of this queue's tasks."),
+    _S("max_active", "maxActive", Kind.COUNT, 0, minimum=0, maximum=MAX_COUNT, redis="max_active", lua=True,
+       unit="attempts", description="Cap on tasks active at once across all workers; 0 means no cap."),
+    _S("max_retries", "maxRetries", Kind.COUNT, 3, minimum=0, maximum=MAX_COUNT, redis="max_retries",
+       field_default=False, unit="failures",
+       description="Handler failures retried before a task fails for good. Unset means the runtime's default; "
+                   "tasks may override it."),
+    _S("max_stalled_count", "maxStalledCount", Kind.COUNT, 1, minimum=0, maximum=MAX_COUNT,
+       redis="max_stalled_count", unit="stalls",
+       description="Expired leases tolerated before a task fails as stalled."),
+    _S("lock_timeout", "lockTimeoutSeconds", Kind.SECONDS, 30.0, minimum=0.01, maximum=MAX_LOCK_TIMEOUT,
+       field_minimum=1, redis="lock_timeout_ms", unit="s",
+       description="Lease length of an attempt; an unrenewed lease expires after this."),
+    _S("retention_completed", "retention.completedSeconds", Kind.RETENTION, 86400.0, minimum=-1,
+       maximum=MAX_RETENTION, field_minimum=0, redis="retention_completed_ms", unit="s",
+       description="How long a completed task's record is kept."),
+    _S("retention_failed", "retention.failedSeconds", Kind.RETENTION, 604800.0, minimum=-1,
+       maximum=MAX_RETENTION, field_minimum=0, redis="retention_failed_ms", unit="s",
+       description="How long a failed or canceled task's record is kept."),
+    _S("dedup_window", None, Kind.SECONDS, 604800.0, minimum=0.001, maximum=MAX_DEDUP_WINDOW,
+       redis="dedup_window_ms", lua=True, unit="s",
+       description="How long an explicit task id stays reserved after its record expired."),
+    _S("events_maxlen", None, Kind.COUNT, 10_000, minimum=0, maximum=MAX_COUNT, redis="events_maxlen",
+       lua=True, unit="events", description="Lifecycle events kept in the queue's stream (approximately)."),
+    _S("events_always", None, Kind.FLAG, False, redis="events_always", lua=True,
+       description="Write lifecycle events even while nobody reads them (by default only while a reader "
+                   "asked within the last minute)."),
+    _S("retry", "retry", Kind.RETRY, None, redis="retry",
+       description="The delay before each retry of a failed attempt."),
+    # -- the retry policy's fields, as a Queue resource spells them ---------------------
+    _S(None, "retry.backoff", Kind.ENUM, "Exponential", choices=("Fixed", "Exponential"),
+       description="Fixed: always initialDelaySeconds. Exponential: doubling from initialDelaySeconds "
+                   "up to maxDelaySeconds."),
+    _S(None, "retry.initialDelaySeconds", Kind.COUNT, 1, minimum=0, maximum=TEN_YEARS, unit="s",
+       description="The delay before the first retry."),
+    _S(None, "retry.maxDelaySeconds", Kind.COUNT, 300, minimum=0, maximum=TEN_YEARS, unit="s",
+       description="The longest delay between retries (Exponential)."),
+    _S(None, "retry.jitter", Kind.FLAG, True,
+       description="Spread each delay at random over its upper half, so failures of a burst do not retry "
+                   "together."),
+    # -- read by the operator only -------------------------------------------------------
+    _S(None, "redis.tls.enabled", Kind.FLAG, False, description="Connect with TLS (a rediss:// URL does too)."),
+    _S(None, "redis.tls.insecureSkipVerify", Kind.FLAG, False,
+       description="Do not verify the server certificate (testing only)."),
+    _S(None, "lockRefreshSeconds", Kind.COUNT, 10, minimum=1, maximum=TEN_YEARS, unit="s",
+       description="How often a worker renews its leases; must be below lockTimeoutSeconds."),
+    _S("concurrency", "worker.concurrency", Kind.COUNT, 10, minimum=1, unit="attempts",
+       description="In-flight attempts per pod."),
+    _S(None, "worker.terminationGracePeriodSeconds", Kind.COUNT, 60, minimum=0, maximum=86400, unit="s",
+       description="How long a stopping worker pod may drain (it stops acquiring, finishes or hands back "
+                   "its attempts) before it is killed."),
+    _S(None, "worker.progressDeadlineSeconds", Kind.COUNT, 600, minimum=1, maximum=86400, unit="s",
+       description="Seconds a rollout of the worker Deployment, or a worker pod of its current template, may "
+                   "take to become available before it counts as failed (Ready=False, Stalled=True). "
+                   "Crash-looping pods count as failed sooner, after 3 restarts."),
+    _S(None, "scaling.minReplicas", Kind.COUNT, 0, minimum=0, unit="pods",
+       description="The fewest worker pods, whatever the backlog."),
+    _S(None, "scaling.maxReplicas", Kind.COUNT, 10, minimum=0, unit="pods",
+       description="The most worker pods, whatever the backlog."),
+    _S(None, "scaling.targetTasksPerReplica", Kind.COUNT, 50, minimum=1, unit="tasks",
+       description="Backlog plus in-flight tasks one replica is expected to carry."),
+    _S(None, "scaling.activationTasks", Kind.COUNT, 1, minimum=0, unit="tasks",
+       description="Backlog needed to scale from zero to one replica."),
+    _S(None, "scaling.pollIntervalSeconds", Kind.COUNT, 10, minimum=1, maximum=3600, unit="s",
+       description="How often the operator reads the backlog and decides the replicas (status.lastPollTime "
+                   "shows the last time it did)."),
+    _S(None, "scaling.scaleDownStabilizationSeconds", Kind.COUNT, 300, minimum=0, maximum=3600, unit="s",
+       description="Scale down only to the highest replica count wanted in this window."),
+    _S(None, "scaling.cooldownSeconds", Kind.COUNT, 300, minimum=0, maximum=86400, unit="s",
+       description="Idle time before scaling back to zero replicas."),
+)
+
+BY_NAME: dict[str, Setting] = {s.name: s for s in TABLE if s.name}
+BY_FIELD: dict[str, Setting] = {s.field: s for s in TABLE if s.field}
+# What TaskQueue.configure() takes: the settings a queue keeps in its meta hash.
+STORED: dict[str, Setting] = {s.name: s for s in TABLE if s.name and s.redis}
+META_FIELDS: dict[str, str] = {s.name: s.redis for s in TABLE if s.name and s.redis}
+
+
+def default(name: str) -> Any:
+    """The default of a setting, by Python name."""
+    return BY_NAME[name].default
+
+
+# The meta fields scripts fall back on when the hash has none, in their stored form.
+# scripts.py writes them into every script as the Lua table DEFAULTS (every script emits
+# events, most may forget a record); per-call defaults travel in each script's ARGV.
+LUA_DEFAULTS: dict[str, int] = {s.redis: int(s.encode(s.default)) for s in TABLE if s.lua and s.redis}
+
+
+def lua_defaults() -> str:
+    """The Lua source of the DEFAULTS table."""
+    entries = ", ".join(f"{name} = {value}" for name, value in LUA_DEFAULTS.items())
+    return f"local DEFAULTS = {{{entries}}}\n"
+
+
+def resource_defaults() -> dict[str, Any]:
+    """Schema defaults of a Queue's spec, by field path."""
+    return {s.field: s.default for s in TABLE if s.field and s.field_default and s.default is not None}
+
+
+def resource_maxima() -> dict[str, int]:
+    """Schema maxima of a Queue's spec, by field path (int32 counts are the schema's own type bound)."""
+    return {s.field: int(s.maximum) for s in TABLE
+            if s.field and s.maximum is not None and s.kind is not Kind.FLAG and s.maximum != MAX_COUNT}
+
+
+def resource_minima() -> dict[str, int]:
+    return {s.field: int(s.resource_minimum) for s in TABLE
+            if s.field and s.resource_minimum is not None and s.kind is not Kind.FLAG}
