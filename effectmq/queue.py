@@ -27,7 +27,8 @@ from .keys import INDEXES, QueueKeys, check_queue_name
 from .models import MaintenanceReport, Offered, QueueStats, TaskInfo, ThroughputPoint
 from .protocol import (MAX_ACQUIRE, MAX_COUNT, MAX_DELAY, MAX_DURATION, MAX_LIST,
                        MAX_MAINTAIN_BATCH, MAX_PROMOTE_BATCH, ms, retention_ms)
-from .routing import script_runner, server_time_ms, subscriber
+from .clock import server_time_ms
+from .routing import script_runner, subscriber
 from .settings import META_FIELDS, STORED, Kind, default
 
 # Importers (scheduler, tests) read these names here.

@@ -40,7 +40,7 @@ from .connection import TRANSPORT_ERRORS, RedisErrors, client_settings
 from .protocol import ScriptArgs
 from .scripts import ScriptRunner, exchange
 
-__all__ = ["ClusterScriptRunner", "Refusals", "patience", "script_runner", "server_time_ms", "subscriber"]
+__all__ = ["ClusterScriptRunner", "Refusals", "patience", "script_runner", "subscriber"]
 
 log = logging.getLogger("effectmq")
 
@@ -293,14 +293,3 @@ def subscriber(client: Any, channel: str) -> PubSub:
     node = owners[0] if owners else next(iter(client.nodes_manager.startup_nodes.values()))
     pool = ConnectionPool(connection_class=node.connection_class, max_connections=1, **node.connection_kwargs)
     return PubSub(pool, ignore_subscribe_messages=True)
-
-
-async def server_time_ms(client: Any, key: str) -> int:
-    """Redis time (ms) of the server that holds `key`: on a cluster, the master of its
-    slot (redis-py sends a keyless TIME to any node, and refuses it in a pipeline)."""
-    if isinstance(client, RedisCluster):
-        await client.initialize()
-        seconds, micros = await client.execute_command("TIME", target_nodes=client.get_node_from_key(key))
-    else:
-        seconds, micros = await client.time()
-    return int(seconds) * 1000 + int(micros) // 1000

@@ -24,6 +24,7 @@ import redis.exceptions as redis_errors
 from redis.asyncio.connection import Connection
 from redis.asyncio.sentinel import SentinelManagedConnection
 
+from .clock import server_time_ms
 from .connection import TRANSPORT_ERRORS, RedisErrors, classify_reply
 from .protocol import SCRIPTS, ScriptArgs
 from .settings import lua_defaults
@@ -333,8 +334,6 @@ class ScriptRunner:
     async def _unload_stale_libraries(self) -> None:
         """After this client loaded its library: record it, delete the stale ones
         (stale_libraries). Best effort: a refusal (an ACL, a full Redis) leaves them."""
-        from .routing import server_time_ms  # routing builds on this module
-
         loaded = library()[0]
         try:
             now = await server_time_ms(self.client, LIBRARIES_KEY)
