@@ -86,8 +86,9 @@ class TaskDef:
 class App:
     """A queue plus its handlers: what producers offer to and `effectmq worker` runs.
 
-    The queue name and Redis URL default to EFFECTMQ_QUEUE and EFFECTMQ_REDIS_URL,
-    so the same handler module works under the operator, which sets both.
+    The queue name and Redis URL default to EFFECTMQ_QUEUE and EFFECTMQ_REDIS_URL (or
+    the file EFFECTMQ_REDIS_URL_FILE names), so the same handler module works under
+    the operator, which sets them.
     """
 
     def __init__(self, queue: str | None = None, *, url: str | None = None, **queue_options: Any):

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from .app import App
 from .clitools import CAST_KINDS, URL_HELP, emit, env
+from .connection import url_from_env
 from .errors import EffectMQError
 from .loops import LOOPS, loop_factory
 from .queue import TaskQueue
@@ -103,7 +104,7 @@ def load_target(spec: str) -> App | dict:
 
 def _queue_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue", "-q", default=env("EFFECTMQ_QUEUE"), help="queue name [EFFECTMQ_QUEUE]")
-    p.add_argument("--url", default=env("EFFECTMQ_REDIS_URL"), help=URL_HELP)
+    p.add_argument("--url", help=URL_HELP)
     p.add_argument("--prefix", default=env("EFFECTMQ_PREFIX"), help="key prefix, default emq [EFFECTMQ_PREFIX]")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--log-level", default=env("EFFECTMQ_LOG_LEVEL", "INFO"), help="[EFFECTMQ_LOG_LEVEL]")
@@ -134,7 +135,7 @@ async def cmd_worker(args) -> int:
     # Flags and the environment win; what they leave unsaid comes from the App, then the defaults.
     app = target if isinstance(target, App) else None
     options = {**(app.queue_options if app else {}), **_given(args, "prefix", "lock_timeout")}
-    queue = TaskQueue(queue_name, url=args.url or (app.url if app else None), **options)
+    queue = TaskQueue(queue_name, url=args.url or url_from_env() or (app.url if app else None), **options)
     if isinstance(target, App):
         target.use_queue(queue)
     worker = Worker(queue, target, concurrency=args.concurrency, prefetch=args.prefetch, lock_timeout=args.lock_timeout,

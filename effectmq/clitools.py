@@ -7,8 +7,11 @@ import os
 import sys
 from typing import Any, Callable
 
+# --url has no default of its own: what it leaves unsaid, effectmq.connection.url_from_env
+# reads when a command connects (so --help and an explicit --url never read the file).
 URL_HELP = ("Redis URL: redis://, rediss://, unix://, redis+sentinel://h1:p1,h2:p2/<service> or "
-            "redis+cluster://h1:p1,h2:p2 (a Redis Cluster) [EFFECTMQ_REDIS_URL]")
+            "redis+cluster://h1:p1,h2:p2 (a Redis Cluster) [EFFECTMQ_REDIS_URL, or EFFECTMQ_REDIS_URL_FILE: "
+            "a file that holds it, e.g. a mounted Secret]")
 
 
 CAST_KINDS: dict[Callable, str] = {int: "an integer", float: "a number"}

@@ -18,6 +18,10 @@ from .redaction import INVALID_URL, SECRET_OPTIONS, redact_url, scrub, url_secre
 from .sentinel import is_sentinel_url, sentinel_client
 
 DEFAULT_URL = "redis://localhost:6379/0"
+URL_VARIABLE = "EFFECTMQ_REDIS_URL"
+URL_FILE_VARIABLE = "EFFECTMQ_REDIS_URL_FILE"
+URL_FILE_LIMIT = 64 * 1024  # bytes: a file this long holds no URL (and is not read further)
+URL_KINDS = "a redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL"
 GIVEN_CLIENT = "the given client"  # how messages name a client passed in without a URL
 TRANSPORT_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError)
 # Error replies that mean "not now": the command did not run and the same call can be
@@ -148,10 +152,45 @@ class TlsOptions:
         return url, options
 
 
+def url_from_env() -> str | None:
+    """The Redis URL the environment gives: EFFECTMQ_REDIS_URL, or the content of the
+    file EFFECTMQ_REDIS_URL_FILE names (one trailing newline dropped); None if neither.
+
+    The file is how the operator passes a URL with a password (a mounted Secret): unlike
+    a variable it is not inherited by child processes nor shown by /proc/<pid>/environ
+    or crash dumps. Both set is an error: which one was meant is not ours to guess.
+    Messages name the variable and the path, never the content (it may be a password).
+    """
+    url = os.environ.get(URL_VARIABLE) or None
+    path = os.environ.get(URL_FILE_VARIABLE) or None
+    if path is None:
+        return url
+    if url is not None:
+        raise InvalidOption(f"{URL_VARIABLE} and {URL_FILE_VARIABLE} are both set: set only one "
+                            f"({URL_FILE_VARIABLE} names a file that holds the URL)")
+    where = f"{URL_FILE_VARIABLE} ({path})"
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(URL_FILE_LIMIT + 1)
+        text = raw.decode("utf-8")
+    except OSError as exc:
+        raise InvalidOption(f"{where} cannot be read: {exc.strerror or type(exc).__name__}") from None
+    except UnicodeDecodeError:
+        raise InvalidOption(f"{where} cannot be read: it is not UTF-8 text") from None
+    text = text.removesuffix("\n").removesuffix("\r")  # as `echo` and `kubectl create secret` leave it
+    if not text:
+        raise InvalidOption(f"{where} is empty: it must hold the Redis URL")
+    if len(raw) > URL_FILE_LIMIT or any(c.isspace() for c in text) or redact_url(text) == INVALID_URL:
+        raise InvalidOption(f"{where} does not hold {URL_KINDS} on one line (its content is not shown: it may "
+                            "be a password); percent-encode / ? # @ : in a password")
+    return text
+
+
 def connect(client: aioredis.Redis | RedisCluster | None = None, url: str | None = None, *,
             max_connections: int | None = None, socket_timeout: float | None = 15.0,
             tls: TlsOptions | None = None) -> tuple[Any, bool, str]:
-    """The given client (checked), or a new one for `url`, EFFECTMQ_REDIS_URL or the default.
+    """The given client (checked), or a new one for `url`, else the environment's URL
+    (`url_from_env`: EFFECTMQ_REDIS_URL or EFFECTMQ_REDIS_URL_FILE), else the default.
 
     Returns (client, whether the caller owns it and must close it, the URL with its
     password masked: the only form of it fit for messages). With `max_connections`,
@@ -165,12 +204,11 @@ def connect(client: aioredis.Redis | RedisCluster | None = None, url: str | None
         if not client_settings(client).get("decode_responses"):
             raise InvalidOption("pass a redis client created with decode_responses=True")
         return client, False, redact_url(url) if url else GIVEN_CLIENT
-    url, tls_options = (tls or TlsOptions.from_env()).apply(url or os.environ.get("EFFECTMQ_REDIS_URL") or DEFAULT_URL)
+    url, tls_options = (tls or TlsOptions.from_env()).apply(url or url_from_env() or DEFAULT_URL)
     shown = redact_url(url)
     if shown == INVALID_URL:  # redis-py's own complaint could quote part of the password
-        raise InvalidOption("the Redis URL is not a redis://, rediss://, unix://, redis+sentinel:// or "
-                            "redis+cluster:// URL that can be read safely (not shown: it may hold a password); "
-                            "percent-encode / ? # @ : in a password")
+        raise InvalidOption(f"the Redis URL is not {URL_KINDS} that can be read safely (not shown: it may hold "
+                            "a password); percent-encode / ? # @ : in a password")
     try:
         options = dict(decode_responses=True, socket_connect_timeout=5, socket_timeout=socket_timeout,
                        health_check_interval=30, **tls_options)

@@ -24,6 +24,7 @@ import signal
 import sys
 
 from ..clitools import URL_HELP, env, env_flag
+from ..connection import url_from_env
 from ..errors import InvalidOption
 
 log = logging.getLogger("effectmq.dashboard")
@@ -71,7 +72,7 @@ def config_from_args(args):
     if args.host not in WILDCARD_BINDS and not auth.is_loopback(args.host):
         allowed.append(args.host)  # the address it is reached at
     try:
-        return DashboardConfig(url=args.url, queues=_names(args.queue, "EFFECTMQ_DASHBOARD_QUEUES"),
+        return DashboardConfig(url=args.url or url_from_env(), queues=_names(args.queue, "EFFECTMQ_DASHBOARD_QUEUES"),
                                prefix=args.prefix, actions=bool(args.actions), token=token if args.actions else None,
                                scheduler_namespace=args.scheduler_namespace, read_token=read, allowed_hosts=allowed,
                                behind_tls=bool(args.behind_tls), want_events=True if args.want_events else None)
@@ -130,7 +131,7 @@ def app_url(app) -> str:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("dashboard", help="serve the web dashboard", description=__doc__.splitlines()[0])
-    p.add_argument("--url", default=env("EFFECTMQ_REDIS_URL"), help=URL_HELP)
+    p.add_argument("--url", help=URL_HELP)
     p.add_argument("--queue", "-q", action="append", metavar="NAME",
                    help="a queue to show (repeat it); default: every queue found in Redis "
                    "[EFFECTMQ_DASHBOARD_QUEUES, comma-separated]")

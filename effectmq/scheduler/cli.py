@@ -5,8 +5,8 @@
     effectmq scheduler run            # until SIGTERM / SIGINT
     effectmq scheduler list | status ID | tick | suspend ID | resume ID | remove ID
 
-Options also read EFFECTMQ_REDIS_URL, EFFECTMQ_PREFIX, EFFECTMQ_SCHEDULER_NAMESPACE
-and EFFECTMQ_SCHEDULER_INTERVAL.
+Options also read EFFECTMQ_REDIS_URL (or EFFECTMQ_REDIS_URL_FILE), EFFECTMQ_PREFIX,
+EFFECTMQ_SCHEDULER_NAMESPACE and EFFECTMQ_SCHEDULER_INTERVAL.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ async def cmd_run(args) -> int:
 # -- parser -----------------------------------------------------------------------
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=env("EFFECTMQ_REDIS_URL"), help=URL_HELP)
+    p.add_argument("--url", help=URL_HELP)
     p.add_argument("--namespace", "-n", default=env("EFFECTMQ_SCHEDULER_NAMESPACE", "default"),
                    help="scheduler namespace [EFFECTMQ_SCHEDULER_NAMESPACE]")
     p.add_argument("--prefix", default=env("EFFECTMQ_PREFIX", "emq"), help="key prefix [EFFECTMQ_PREFIX]")
