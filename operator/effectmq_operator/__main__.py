@@ -10,9 +10,9 @@ import os
 import kopf
 from prometheus_client import start_http_server
 
-from . import handlers  # noqa: F401  (registers the handlers)
 from .connections import CONNECTIONS_PER_REDIS
 from .controller import RECONCILES_AT_ONCE
+from .handlers import OperatorOptions  # importing handlers registers them with kopf
 from .kube import API_THREADS
 from .leader import LEASE_SECONDS
 
@@ -70,8 +70,9 @@ def main() -> None:
     namespaces = args.namespace or [n for n in os.environ.get("EFFECTMQ_WATCH_NAMESPACES", "").split(",") if n]
     asyncio.run(kopf.operator(
         clusterwide=not namespaces, namespaces=namespaces, standalone=True, liveness_endpoint=args.liveness or None,
-        memo=kopf.Memo(namespaces=namespaces, api_threads=args.api_threads, redis_connections=args.redis_connections,
-                       reconciles=args.reconciles, lease_seconds=args.lease_seconds),
+        memo=kopf.Memo(options=OperatorOptions(tuple(namespaces), api_threads=args.api_threads,
+                                               redis_connections=args.redis_connections, reconciles=args.reconciles,
+                                               lease_seconds=args.lease_seconds)),
     ))
 
 

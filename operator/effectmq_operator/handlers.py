@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from dataclasses import dataclass, field
 
 import kopf
 
@@ -38,6 +39,37 @@ LOOP_BLOCK_WARNING = 3.0  # seconds the loop may not run before the log says whe
 UNSERVED_RECHECK = 5.0  # seconds between looks at a resource whose watch answered 404 (its CRD deleted)
 OWN_RESOURCES = (f"queues.{GROUP}", f"schedules.{GROUP}")
 log = logging.getLogger("effectmq.operator")
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    """What `effectmq-operator`'s command line sets (kopf.Memo carries it as `options`)."""
+
+    namespaces: tuple[str, ...] = ()  # empty: the whole cluster
+    api_threads: int = API_THREADS
+    redis_connections: int = CONNECTIONS_PER_REDIS
+    reconciles: int = RECONCILES_AT_ONCE
+    lease_seconds: float = LEASE_SECONDS
+
+
+@dataclass
+class Running:
+    """The operator's parts once started (kopf.Memo carries it as `running`)."""
+
+    connections: Connections
+    queues: QueueController
+    schedules: ScheduleController
+    elector: LeaderElector
+    loop_watch: LoopWatch
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+
+def options_of(memo: kopf.Memo) -> OperatorOptions:
+    return getattr(memo, "options", None) or OperatorOptions()  # `kopf run` sets none
+
+
+def running_of(memo: kopf.Memo) -> Running | None:
+    return getattr(memo, "running", None)  # None before startup finished
 
 
 class _QuietWatch(logging.Filter):
@@ -184,28 +216,31 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.batching.exit_timeout = 0.5
     settings.process.ultimate_exiting_timeout = 4.5
     load_config()
-    namespaces = list(getattr(memo, "namespaces", None) or [])
-    kube = Kube(threads=getattr(memo, "api_threads", None) or API_THREADS)
-    connections = Connections(kube, max_connections=getattr(memo, "redis_connections", None) or CONNECTIONS_PER_REDIS,
+    options = options_of(memo)
+    namespaces = list(options.namespaces)
+    kube = Kube(threads=options.api_threads)
+    connections = Connections(kube, max_connections=options.redis_connections,
                               secret_refresh=float(os.environ.get("EFFECTMQ_SECRET_REFRESH_SECONDS") or SECRET_REFRESH))
-    memo.queues = QueueController(kube, connections, namespaces=namespaces,
-                                  concurrency=getattr(memo, "reconciles", None) or RECONCILES_AT_ONCE)
-    memo.schedules = ScheduleController(kube, connections, memo.queues, namespaces=namespaces)
-    memo.connections = connections
-    lease_seconds = getattr(memo, "lease_seconds", None) or LEASE_SECONDS
-    memo.elector = LeaderElector(coordination_api(), namespace=os.environ.get("POD_NAMESPACE", "default"),
-                                 name=os.environ.get("EFFECTMQ_OPERATOR_LEASE", "effectmq-operator"),
-                                 lease_seconds=lease_seconds, renew_deadline=lease_seconds * 2 / 3,
-                                 retry_period=lease_seconds / 7.5)
-    is_leader = lambda: memo.elector.is_leader  # noqa: E731
+    queues = QueueController(kube, connections, namespaces=namespaces, concurrency=options.reconciles)
+    lease = options.lease_seconds
+    elector = LeaderElector(coordination_api(), namespace=os.environ.get("POD_NAMESPACE", "default"),
+                            name=os.environ.get("EFFECTMQ_OPERATOR_LEASE", "effectmq-operator"),
+                            lease_seconds=lease, renew_deadline=lease * 2 / 3, retry_period=lease / 7.5)
+    running = Running(connections=connections, queues=queues,
+                      schedules=ScheduleController(kube, connections, queues, namespaces=namespaces),
+                      elector=elector, loop_watch=loop_watch())
+
+    def is_leader() -> bool:
+        return elector.is_leader
+
     kube.may_write = is_leader  # checked again at every write: a reconcile in flight when leadership ends stops
-    memo.loop_watch = loop_watch()
-    memo.loop_watch.start(asyncio.get_running_loop())
-    memo.tasks = [
-        asyncio.create_task(memo.elector.run(), name="effectmq-leader"),
-        asyncio.create_task(memo.queues.run(is_leader), name="effectmq-queues"),
-        asyncio.create_task(memo.schedules.run(is_leader), name="effectmq-schedules"),
+    running.loop_watch.start(asyncio.get_running_loop())
+    running.tasks = [
+        asyncio.create_task(elector.run(), name="effectmq-leader"),
+        asyncio.create_task(queues.run(is_leader), name="effectmq-queues"),
+        asyncio.create_task(running.schedules.run(is_leader), name="effectmq-schedules"),
     ]
+    memo.running = running
 
 
 @kopf.on.probe(id="effectmq")
@@ -213,44 +248,53 @@ def probe(memo: kopf.Memo, **_) -> dict:
     """Liveness: fails when a loop died or the Lease could not be reached for a whole lease
     duration. A CRD that is missing is said (`unserved`), not failed on: a restart would not
     bring it back, and the operator watches it again when it is re-created."""
-    dead = [t.get_name() for t in getattr(memo, "tasks", []) if t.done()]
+    running = running_of(memo)
+    if running is None:
+        raise kopf.TemporaryError("starting")
+    dead = [t.get_name() for t in running.tasks if t.done()]
     if dead:
         raise kopf.PermanentError(f"loops stopped: {', '.join(dead)}")
-    if not memo.elector.healthy():
+    if not running.elector.healthy():
         raise kopf.PermanentError("the leader election cannot reach the API server")
-    return {"leader": memo.elector.is_leader, "unserved": WATCHES.unserved()}
+    return {"leader": running.elector.is_leader, "unserved": WATCHES.unserved()}
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_) -> None:
-    if hasattr(memo, "loop_watch"):
-        memo.loop_watch.stop()
-    tasks = getattr(memo, "tasks", [])
-    for task in tasks:
+    running = running_of(memo)
+    if running is None:
+        return
+    running.loop_watch.stop()
+    for task in running.tasks:
         task.cancel()
-    if tasks:
-        await asyncio.wait(tasks, timeout=SHUTDOWN_STEP)
-    if hasattr(memo, "elector"):
-        # Hand the Lease back (a successor need not wait for it to expire) while the
-        # Redis clients close; neither may hold up the exit.
-        closing = asyncio.ensure_future(asyncio.wait_for(memo.connections.close(), SHUTDOWN_STEP))
-        await memo.elector.release(timeout=SHUTDOWN_STEP)
-        await asyncio.gather(closing, return_exceptions=True)
+    if running.tasks:
+        await asyncio.wait(running.tasks, timeout=SHUTDOWN_STEP)
+    # Hand the Lease back (a successor need not wait for it to expire) while the
+    # Redis clients close; neither may hold up the exit.
+    closing = asyncio.ensure_future(asyncio.wait_for(running.connections.close(), SHUTDOWN_STEP))
+    await running.elector.release(timeout=SHUTDOWN_STEP)
+    await asyncio.gather(closing, return_exceptions=True)
 
 
 @kopf.on.event(GROUP, VERSION, "queues")
 async def queue_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_) -> None:
-    memo.queues.observe_queue(type, _plain(body))
+    _running(memo).queues.observe_queue(type, _plain(body))
 
 
 @kopf.on.event(GROUP, VERSION, "schedules")
 async def schedule_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_) -> None:
-    memo.schedules.observe(type, _plain(body))
+    _running(memo).schedules.observe(type, _plain(body))
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY)
 async def deployment_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_) -> None:
-    memo.queues.observe_deployment(type, _plain(body))
+    _running(memo).queues.observe_deployment(type, _plain(body))
+
+
+def _running(memo: kopf.Memo) -> Running:
+    running = running_of(memo)
+    assert running is not None, "kopf delivers events only after the startup handlers"
+    return running
 
 
 def _plain(body: kopf.Body) -> dict:
