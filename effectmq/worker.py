@@ -14,7 +14,6 @@ like running ones and handed back (not stalled) on drain.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import contextvars
 import functools
@@ -40,6 +39,7 @@ from .loopwatch import LoopWatch
 from .models import MaintenanceReport
 from .protocol import Outcome
 from .queue import TaskQueue
+from .slots import SlotLedger, WorkerContext
 
 log = logging.getLogger("effectmq.worker")
 UNKNOWN_TASK_LABEL = "<unknown>"
@@ -88,7 +88,9 @@ class TaskContext:
 
 
 class _Attempt:
-    __slots__ = ("lease", "task", "definition", "next_renew", "lost", "releasing", "started", "running")
+    """One lease's attempt here; the slot ledger says whether its handler runs, or it is held."""
+
+    __slots__ = ("lease", "task", "definition", "next_renew", "lost", "releasing", "started")
 
     def __init__(self, lease: Lease, definition: TaskDef | None, next_renew: float):
         self.lease = lease
@@ -98,7 +100,6 @@ class _Attempt:
         self.lost = False  # ownership gone: do not settle
         self.releasing = False  # drain timeout hit: hand the task back
         self.started = time.monotonic()  # when leased; again when its handler begins
-        self.running = False  # its handler runs (a held lease has no task yet; a settling one's handler returned)
 
 
 def _handlers_from(source: App | Mapping[str, Any] | None) -> dict[str, TaskDef]:
@@ -114,10 +115,12 @@ def _handlers_from(source: App | Mapping[str, Any] | None) -> dict[str, TaskDef]
 
 class _TakeAlong:
     """The leases a worker's completion batches ask for (acks.LeasesAlong): the slots
-    the batch frees, and any free already; none while the worker stops."""
+    the batch frees, and any free already; none while the worker stops. It sees the
+    worker through WorkerContext only."""
 
-    def __init__(self, worker: "Worker"):
+    def __init__(self, worker: WorkerContext):
         self.worker = worker
+        self.slots = worker.slots
 
     @property
     def lock_timeout(self) -> float | None:
@@ -125,35 +128,30 @@ class _TakeAlong:
 
     @property
     def in_flight(self) -> int:
-        return self.worker.running  # held leases complete nothing soon
+        return self.slots.in_flight - self.slots.held_count  # held leases complete nothing soon
 
     def wanted(self, completing: int) -> int:
         # The slots this batch frees (its attempts leave once their outcomes are read),
         # and any free now; attempts of an earlier batch that have not left yet were
         # replaced by that batch's leases.
-        w = self.worker
-        if w._stopping.is_set():
+        if self.worker.stopping:
             return 0
-        free = max(0, w._free_slots())  # negative while the slots a batch frees are refilled
-        w._asking += free
-        return completing + free
+        return completing + self.slots.ask()
 
     def returned(self, reserved: int) -> None:
-        self.worker._asking -= reserved
-        if reserved:
-            self.worker._slot_free.set()  # slots the reply did not fill are the loop's again
+        self.slots.answered(reserved)
 
     def reserve(self, slots: int) -> None:
-        self.worker._asking += slots
+        self.slots.reserve(slots)
 
     def start(self, leases: list[Lease]) -> None:
-        self.worker._run_leases(leases)
+        self.worker.run_leases(leases)
 
     def start_late(self, leases: list[Lease]) -> list[Lease]:
-        room = max(0, self.worker._free_slots())
+        room = max(0, self.slots.free())
         for lease in leases[room:]:
-            self.worker._release_in_background(lease, "its slot was filled while the call that leased it was late")
-        self.worker._run_leases(leases[:room])
+            self.worker.release_in_background(lease, "its slot was filled while the call that leased it was late")
+        self.worker.run_leases(leases[:room])
         return leases[:room]
 
 
@@ -199,11 +197,8 @@ class Worker:
         self.metrics_port = metrics_port
         self.install_signal_handlers = install_signal_handlers
         self.name = name or f"worker-{random.getrandbits(32):08x}"
-        self._attempts: dict[str, _Attempt] = {}  # by lease token: two attempts of one task may meet here
-        self._newest: dict[str, _Attempt] = {}  # by task id: its newest attempt here (older ones are interrupted)
-        self._asking = 0  # free slots a call now out asks leases for (the acquire loop's or a batch's)
-        self._held: collections.deque[_Attempt] = collections.deque()  # leased ahead, oldest first
-        self._handlers_running = 0
+        self._slot_free = asyncio.Event()
+        self.slots: SlotLedger[_Attempt] = SlotLedger(concurrency, self._prefetch.ahead, self._slot_free.set)
         self._background: set[asyncio.Task] = set()
         self._fatal: BaseException | None = None
         self._last_warning: dict[tuple[str, str], float] = {}
@@ -211,7 +206,6 @@ class Worker:
         self._closing = asyncio.Event()  # the drain is over: helper loops end
         self._new_attempt = asyncio.Event()  # set when a new lease needs a faster heartbeat tick
         self._heartbeat_sleep = 0.0  # the heartbeat loop's current sleep (0: not asleep)
-        self._slot_free = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="effectmq-handler")
         self._q = self.queue.name
         self._completions = CompletionBatcher(self.queue.engine, _TakeAlong(self))
@@ -225,18 +219,22 @@ class Worker:
     def stop(self) -> None:
         """Begin a graceful drain (what SIGTERM and SIGINT do)."""
         if not self._stopping.is_set():
-            log.info("worker %s draining (%d in flight)", self.name, len(self._attempts))
+            log.info("worker %s draining (%d in flight)", self.name, self.slots.in_flight)
         self._stopping.set()
         self._slot_free.set()  # an acquire loop waiting for a slot ends now
 
     @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    @property
     def in_flight(self) -> int:
-        return len(self._attempts)
+        return self.slots.in_flight
 
     @property
     def running(self) -> int:
         """Attempts whose handler was started (in flight, held leases not counted)."""
-        return len(self._attempts) - len(self._held)
+        return self.slots.in_flight - self.slots.held_count
 
     async def run(self) -> None:
         """Serve until stop() (or SIGTERM); raises the error that made a loop give up, if any."""
@@ -253,7 +251,7 @@ class Worker:
         helpers: list[asyncio.Task] = []
         wake = None
         watch = None
-        self._metrics.track(lambda: (self.running, len(self._held)))
+        self._metrics.track(lambda: (self.running, self.slots.held_count))
         if self.loop_block_warning is not None:
             watch = LoopWatch(self.loop_block_warning, lag=metrics.LOOP_LAG.labels(self._q), logger=log,
                               consequence=LOOP_BLOCK_CONSEQUENCE, advice=LOOP_BLOCK_ADVICE,
@@ -367,43 +365,37 @@ class Worker:
     async def _acquire_loop(self, wake) -> None:
         backoff = BACKOFF_FIRST
         while not self._stopping.is_set():
-            free = self._free_slots()
-            if free <= 0:
+            free = self.slots.ask()  # reserved until answered
+            if not free:
                 self._slot_free.clear()
                 await self._until(self._slot_free, self.idle_poll)
                 continue
             wake.event.clear()  # cleared before acquiring: a later offer sets it again
-            self._asking += free
             try:
                 leases, next_due = await self.queue.acquire_many(free, lock_timeout=self.lock_timeout)
                 backoff = BACKOFF_FIRST
                 self._set_ready(True)
             except Exception as exc:  # noqa: BLE001 - judged in one place
-                self._asking -= free
+                self.slots.answered(free)
                 self._loop_failed("acquire", exc, backoff)
                 await self._until(self._stopping, backoff)
                 backoff = min(backoff * 2, BACKOFF_LIMIT)
                 continue
-            self._asking -= free
-            if not self._run_leases(leases):
+            self.slots.answered(free)
+            if not self.run_leases(leases):
                 break
             if len(leases) < free:
                 sleep = self.idle_poll if next_due is None else min(self.idle_poll, next_due + 0.001)
                 await self._until_any(wake.event, self._stopping, timeout=sleep)
 
-    def _free_slots(self) -> int:
-        """Slots (and places to hold leases ahead) neither taken by an attempt nor asked
-        for by a call now out."""
-        return self.concurrency + self._prefetch.ahead() - len(self._attempts) - self._asking
-
     async def _drain(self) -> None:
         deadline = time.monotonic() + self.drain_timeout
-        while self._held:
-            self._hand_back(self._held[0], "the worker is stopping", logging.INFO)  # routine: a drain
-        if self._attempts:
-            pending = [a.task for a in self._attempts.values() if a.task]
+        for attempt in self.slots.held():
+            self._hand_back(attempt, "the worker is stopping", logging.INFO)  # routine: a drain
+        if self.slots.in_flight:
+            pending = [a.task for a in self.slots.attempts() if a.task]
             _done, still = await asyncio.wait(pending, timeout=self.drain_timeout) if pending else ((), set())
-            for attempt in list(self._attempts.values()):
+            for attempt in self.slots.attempts():
                 if attempt.task in still:
                     attempt.releasing = True
                     attempt.task.cancel()
@@ -440,12 +432,12 @@ class Worker:
 
     # -- attempts -------------------------------------------------------------
 
-    def _run_leases(self, leases: list[Lease]) -> bool:
+    def run_leases(self, leases: list[Lease]) -> bool:
         """Start the attempts of leases a call gave; False (and the leases handed back)
         when the worker stopped while the call was out."""
         if self._stopping.is_set():
             for lease in leases:
-                self._release_in_background(lease, "the worker is stopping")
+                self.release_in_background(lease, "the worker is stopping")
             return False
         for lease in leases:
             self._start(lease)
@@ -453,9 +445,9 @@ class Worker:
 
     def _start(self, lease: Lease) -> None:
         if self._spent(lease):  # the reply came late (a held network, a paused process)
-            self._release_in_background(lease, "its lease ran out before it could start")
+            self.release_in_background(lease, "its lease ran out before it could start")
             return
-        other = self._newest.get(lease.task_id)
+        other = self.slots.newest(lease.task_id)
         if other is not None:
             if other.lease.attempt >= lease.attempt:  # this delivery is the stale one
                 log.warning("task %s: attempt %d delivered after attempt %d; not started",
@@ -465,14 +457,11 @@ class Worker:
         definition = self.handlers.get(lease.name)
         refresh = heartbeat.refresh_interval(lease.lock_timeout, self.lock_refresh)
         attempt = _Attempt(lease, definition, time.monotonic() + refresh)
-        self._attempts[lease.token] = attempt
-        self._newest[lease.task_id] = attempt
         if heartbeat.tick(refresh) < self._heartbeat_sleep:  # the heartbeat must wake sooner
             self._new_attempt.set()
-        if self._handlers_running < self.concurrency:
+        if self.slots.admit(lease.token, lease.task_id, attempt):
             self._begin(attempt)
-        else:
-            self._held.append(attempt)  # renewed by the heartbeat until a handler returns
+        # else held: renewed by the heartbeat until a handler returns
 
     @staticmethod
     def _spent(lease: Lease, now: float | None = None) -> bool:
@@ -481,47 +470,36 @@ class Worker:
         return now >= lease.confirmed_until - heartbeat.safety_margin(lease.lock_timeout)
 
     def _begin(self, attempt: _Attempt) -> None:
+        """Run the handler of an attempt the ledger counts as running."""
         lease = attempt.lease
-        attempt.running = True
         attempt.started = time.monotonic()
-        self._handlers_running += 1
         self._completions.started([lease])  # its handler's time counts from here
         attempt.task = asyncio.create_task(self._run_attempt(attempt))
         self._metrics.started(lease.name if attempt.definition else UNKNOWN_TASK_LABEL)
 
     def _handler_returned(self, attempt: _Attempt) -> None:
         """Its slot runs the oldest held lease at once (its acknowledgement is still out)."""
-        if not attempt.running:
+        if not self.slots.returned(attempt.lease.token):
             return
-        attempt.running = False
-        self._handlers_running -= 1
         self._prefetch.returned(time.monotonic() - attempt.started)
-        while self._held and self._handlers_running < self.concurrency and not self._stopping.is_set():
-            held = self._held.popleft()
+        while not self._stopping.is_set() and (held := self.slots.next_held()) is not None:
             if self._spent(held.lease):  # the heartbeat could not renew it
                 self._hand_back(held, "its lease ran out while it was held")
             else:
                 self._begin(held)
 
     def _forget(self, attempt: _Attempt) -> None:
-        self._attempts.pop(attempt.lease.token, None)
-        if self._newest.get(attempt.lease.task_id) is attempt:
-            del self._newest[attempt.lease.task_id]
-        self._slot_free.set()
+        """Its slot is free (held, running or settling: it is done here)."""
+        self.slots.leave(attempt.lease.token, attempt.lease.task_id)
 
     def _hand_back(self, attempt: _Attempt, why: str, level: int = logging.WARNING) -> None:
         """A held attempt that will not start here goes back to the queue (no stall). It is
         done with here: a renewal still out for it is not taken for a lost lease."""
         attempt.lost = True
-        self._drop_held(attempt)
-        self._release_in_background(attempt.lease, why, level)
-
-    def _drop_held(self, attempt: _Attempt) -> None:
-        if attempt in self._held:
-            self._held.remove(attempt)
         self._forget(attempt)
+        self.release_in_background(attempt.lease, why, level)
 
-    def _release_in_background(self, lease: Lease, why: str, level: int = logging.WARNING) -> None:
+    def release_in_background(self, lease: Lease, why: str, level: int = logging.WARNING) -> None:
         log.log(level, "task %s (attempt %d) not started: %s; releasing it", lease.task_id, lease.attempt, why)
 
         async def release() -> None:
@@ -661,7 +639,7 @@ class Worker:
 
     def _heartbeat_tick(self) -> float:
         """A quarter of the shortest renewal interval in flight (the granted leases decide)."""
-        leases = [a.lease.lock_timeout for a in self._attempts.values()] or [self.lock_timeout]
+        leases = [a.lease.lock_timeout for a in self.slots.attempts()] or [self.lock_timeout]
         return heartbeat.tick(heartbeat.refresh_interval(min(leases), self.lock_refresh))
 
     async def _heartbeat_loop(self) -> None:
@@ -681,7 +659,7 @@ class Worker:
         backoff = BACKOFF_FIRST
         try:
             while not self._closing.is_set():
-                if await self._announce(len(self._attempts)):
+                if await self._announce(self.slots.in_flight):
                     backoff = BACKOFF_FIRST
                     await asyncio.sleep(WORKER_BEAT_INTERVAL)
                 else:  # soon again: after an outage the announcement may be about to expire
@@ -703,11 +681,11 @@ class Worker:
 
     async def _heartbeat_once(self) -> None:
         now = time.monotonic()
-        for attempt in [a for a in self._held if self._prefetch.hand_back(now - a.started)]:
+        for attempt in [a for a in self.slots.held() if self._prefetch.hand_back(now - a.started)]:
             # routine for auto prefetch behind slow handlers: it adapts, nothing is wrong
             self._hand_back(attempt, f"held {now - attempt.started:.1f} s without a free slot", logging.INFO)
         due: list[_Attempt] = []
-        for attempt in list(self._attempts.values()):
+        for attempt in self.slots.attempts():
             if not self._renewable(attempt):
                 continue
             lease = attempt.lease
@@ -748,7 +726,7 @@ class Worker:
 
     def _describe_leases(self) -> str:
         """What a blocked loop risks (read from the watchdog's thread: reads only)."""
-        attempts = list(self._attempts.values())
+        attempts = self.slots.attempts()
         if not attempts:
             return ""
         nearest = min(a.lease.confirmed_until for a in attempts) - time.monotonic()
@@ -767,13 +745,13 @@ class Worker:
         attempt.lost = True  # no more renewals
         lease = attempt.lease
         if attempt.task is None:  # held, never started: nothing runs, the lease is let go
-            self._drop_held(attempt)
+            self._forget(attempt)
             if owned_elsewhere:
                 log.warning("dropping held task %s (%s): %s", lease.task_id, lease.name, why)
             else:
-                self._release_in_background(lease, f"held, {why}")
+                self.release_in_background(lease, f"held, {why}")
             return
-        if not attempt.running:
+        if not self.slots.is_running(lease.token):
             log.debug("task %s (%s): %s while its outcome is being sent; its acknowledgement tells how it settled",
                       lease.task_id, lease.name, why)
             return

@@ -186,7 +186,7 @@ async def test_heartbeat_loss_interrupts_the_handler(tcp_proxy, make_queue):
             await asyncio.sleep(60)
         except asyncio.CancelledError:
             stamps["interrupted"] = time.monotonic()
-            (attempt,) = worker._attempts.values()
+            (attempt,) = worker.slots.attempts()
             stamps["confirmed_until"] = attempt.lease.confirmed_until  # the last renewal's word
             interrupted.set()
             raise
@@ -381,9 +381,9 @@ async def test_a_newer_attempt_of_a_task_interrupts_the_older_one_and_a_stale_on
     await asyncio.sleep(0.05)
     assert started == [1, 2, 2] and late.in_flight == 1
     for w in (worker, late):
-        for attempt in list(w._attempts.values()):
+        for attempt in w.slots.attempts():
             attempt.task.cancel()
-        await asyncio.gather(*(a.task for a in list(w._attempts.values())), return_exceptions=True)
+        await asyncio.gather(*(a.task for a in w.slots.attempts()), return_exceptions=True)
 
 
 async def test_a_completion_waits_for_a_hung_call_no_longer_than_its_own_lease(tcp_proxy):
@@ -481,13 +481,13 @@ async def test_late_leases_start_only_in_free_slots_and_the_rest_go_back_waiting
     worker._completions.along.start_late(late)  # a late reply brings two leases
     await asyncio.sleep(0.1)
     assert len(running_now) == 2 and worker.in_flight == 2
-    (handed_back,) = [lease for lease in late if lease.token not in worker._attempts]
+    (handed_back,) = [lease for lease in late if worker.slots.get(lease.token) is None]
     async with asyncio.timeout(5):
         while (info := await q.get(handed_back.task_id)).state != "waiting":
             await asyncio.sleep(0.02)
     assert info.stalled_attempt_count == 0
     release.set()
-    await asyncio.gather(*(a.task for a in list(worker._attempts.values())), return_exceptions=True)
+    await asyncio.gather(*(a.task for a in worker.slots.attempts()), return_exceptions=True)
 
 
 # -- prefetch: leases held ahead ------------------------------------------------

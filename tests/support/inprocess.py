@@ -10,13 +10,16 @@ import effectmq
 
 @contextlib.asynccontextmanager
 async def running(worker, *, stop_timeout: float = 30.0):
-    """Run `worker` for the block; on exit stop it and require that run() returns."""
+    """Run `worker` for the block; on exit stop it and require that run() returns, with
+    its slot ledger in balance (every slot a call asked for given back)."""
     task = asyncio.create_task(worker.run())
     try:
         yield task
     finally:
         worker.stop()
         await asyncio.wait_for(task, stop_timeout)
+    worker.slots.check()
+    assert worker.slots.asking == 0, f"{worker.slots.asking} slots still asked for after the worker stopped"
 
 
 def make_worker(queue, handlers, **options):
