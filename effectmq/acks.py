@@ -6,17 +6,10 @@ no latency. Every lease's token is still checked on its own by the script.
 
 A worker also leases its next tasks in the same call (`along`): the slots the batch
 frees are filled by its reply, so a busy worker makes one call per batch, not two.
-Before the next batch goes, the attempts that reply started may join it: those that
-finish within a few turns of the loop, and, while handlers are short (under
-JOIN_WAIT), every attempt in flight that finishes within twice their usual time and
-one round trip of a batch. Otherwise each call would carry a part of the slots for
-ever, and a call's fixed cost is most of its cost.
-
-Longer handlers finish in waves: the leases of one reply start together and, when
-their handlers are alike, finish within a fraction of a millisecond of each other.
-A batch waits for the attempts expected to finish within WAVE_SHARE of the usual
-handler time (at most one round trip), since any that finished just after it would
-wait for its reply anyway; without this, a wave split into two calls and stayed split.
+Before the next batch goes, the attempts that reply started may join it, and a batch
+waits for the rest of a wave (batch_timing.BatchTiming decides how long): otherwise each
+call would carry a part of the slots for ever (a call's fixed cost is most of its cost),
+and a wave split into two calls would stay split.
 
 No completion waits past its own lease: a call is bounded by the earliest lease it
 carries, and those waiting for the next call by one timer, set for the earliest of
@@ -29,6 +22,8 @@ import asyncio
 import contextlib
 import time
 from typing import TYPE_CHECKING, Protocol
+
+from .batch_timing import JOIN_TURNS, BatchTiming
 
 if TYPE_CHECKING:
     from .engine import Lease, LeaseEngine
@@ -66,9 +61,6 @@ class LeasesAlong(Protocol):
         given leases for the same slots); hand back the rest. Returns those it runs."""
 
 MAX_BATCH = 256
-JOIN_TURNS = 3  # a handler with no I/O reaches complete() in two turns of the loop
-JOIN_WAIT = 0.004  # seconds: handlers shorter than this are waited for, at most twice their time
-WAVE_SHARE = 0.125  # of the usual handler time: how long a batch waits for the rest of a wave
 
 
 class CompletionBatcher:
@@ -77,14 +69,8 @@ class CompletionBatcher:
         self.along = along
         self._pending: list[tuple["Lease", str, asyncio.Future]] = []
         self._flusher: asyncio.Task | None = None
-        self._started: set[str] = set()  # tokens of the attempts the last reply started
-        self._started_at = 0.0
-        # token -> when its attempt started (monotonic), oldest first: insertion order
-        self._running: dict[str, float] = {}
+        self.timing = BatchTiming()
         self._joined = asyncio.Event()  # a completion arrived
-        self.handler_time = JOIN_WAIT  # a moving average of their time to completion
-        self._pending_time = 0.0  # the longest time to completion among those pending
-        self.call_time = 0.0  # a moving average of a batch's round trip
         self._expiry: asyncio.TimerHandle | None = None  # for the earliest lease among those pending
         self._expiry_at = 0.0  # that lease's confirmed_until
         self._late: set[asyncio.Future] = set()  # calls whose batch stopped waiting, still out
@@ -94,12 +80,7 @@ class CompletionBatcher:
         when the batch's outcome is unknown (safe to send again)."""
         future = asyncio.get_running_loop().create_future()
         self._pending.append((lease, result_json, future))
-        self._started.discard(lease.token)
-        started = self._running.pop(lease.token, None)
-        if started is not None:
-            took = time.monotonic() - started
-            self._pending_time = max(self._pending_time, took)
-            self.handler_time += (took - self.handler_time) / 8
+        self.timing.completed(lease.token, time.monotonic())
         self._joined.set()
         if self._expiry is None or lease.confirmed_until < self._expiry_at:
             self._expire_at(lease.confirmed_until)
@@ -131,34 +112,13 @@ class CompletionBatcher:
 
     def started(self, leases: list["Lease"]) -> None:
         """Attempts that began now (their handlers' time is measured from here)."""
-        now = time.monotonic()
-        self._forget_overdue(now)
-        for lease in leases:
-            self._running[lease.token] = now
-
-    def _wave_window(self) -> float:
-        return min(self.call_time, WAVE_SHARE * self.handler_time)
-
-    def _forget_overdue(self, now: float) -> None:
-        """Attempts far past the usual time are not expected soon (or ended otherwise:
-        failed, released, never started)."""
-        oldest = now - self._wave_window() - self._expected_time()
-        while self._running and self._first_start() < oldest:
-            del self._running[next(iter(self._running))]
-
-    def _first_start(self) -> float:
-        return next(iter(self._running.values()))
-
-    def _expected_time(self) -> float:
-        """How long an attempt in flight is expected to take: the usual time, or that of
-        the completions about to go when longer (a wave late as a whole is still one)."""
-        return max(self.handler_time, self._pending_time)
+        self.timing.started([lease.token for lease in leases], time.monotonic())
 
     async def _flush(self) -> None:
         while self._pending:
             await self._wait_for_wave()
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
-            self._pending_time = 0.0
+            self.timing.batch_went()
             # Bounded by the batch's earliest lease: a hung connection must not hold every
             # later completion (the waiters resend, with the same tokens, while they may).
             left = max(0.01, min(lease.confirmed_until for lease, _, _ in batch) - time.monotonic())
@@ -170,9 +130,7 @@ class CompletionBatcher:
                 if along and want > 0:
                     sent = time.monotonic()
                     codes, leases = await self._complete_and_acquire(along, settled, want, left)
-                    self._started = {lease.token for lease in leases}
-                    self._started_at = time.monotonic()
-                    self.call_time += (self._started_at - sent - self.call_time) / 8
+                    self.timing.replied(sent, time.monotonic(), [lease.token for lease in leases])
                 else:
                     async with asyncio.timeout(left):
                         codes = await self.engine.complete_many(settled)
@@ -235,31 +193,25 @@ class CompletionBatcher:
             await asyncio.wait(pending, timeout=1.0)
 
     async def _wait_for_wave(self) -> None:
-        """Let the attempts expected to finish soon join the batch about to go (module docstring)."""
-        window = self._wave_window()
-        if window <= 0 or not self._running:
+        """Let the attempts expected to finish soon join the batch about to go (BatchTiming)."""
+        deadline = self.timing.wave_deadline(time.monotonic())
+        if deadline is None:
             return
-        now = time.monotonic()
-        self._forget_overdue(now)
-        deadline = now + window
-        # The attempt that started first is the first expected.
-        while (left := deadline - time.monotonic()) > 0 and self._running and \
-                self._first_start() + self._expected_time() <= deadline:
+        while (left := deadline - time.monotonic()) > 0 and self.timing.expects_by(deadline):
             self._joined.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):
                     await self._joined.wait()
 
     async def _join_started(self) -> None:
-        """Let the attempts the last reply started join the next batch (module docstring)."""
+        """Let the attempts the last reply started join the next batch (BatchTiming)."""
         for _ in range(JOIN_TURNS):
-            if not self._started:
+            if not self.timing.reply_started_unfinished():
                 return
             await asyncio.sleep(0)
-        if self.handler_time >= JOIN_WAIT or self.along is None:
+        deadline = self.timing.join_deadline()
+        if deadline is None or self.along is None:
             return
-        # At most one more round trip's time: when Redis is busy, batches grow.
-        deadline = self._started_at + min(2 * self.handler_time, self.call_time)
         while len(self._pending) < self.along.in_flight and (left := deadline - time.monotonic()) > 0:
             self._joined.clear()
             with contextlib.suppress(TimeoutError):
