@@ -31,6 +31,7 @@ from urllib.parse import parse_qsl
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
+from . import redispy
 from .multihost import connection_option, has_scheme, split_hosts
 from .redaction import CLUSTER_SCHEMES
 
@@ -82,13 +83,7 @@ def node_at(client: RedisCluster, host: str, port: int) -> ClusterNode:
     made a node of the client when its slot map does not list it, as redis-py does with
     the node a MOVED names. It is closed with the client, or when a re-read of the slot
     map finds it serving nothing."""
-    manager = client.nodes_manager
-    node = manager.get_node(host=host, port=port)
-    if node is None:
-        node = ClusterNode(host, int(port), "primary", **manager.connection_kwargs)
-        manager.set_nodes(manager.nodes_cache, {node.name: node})
-        node = manager.get_node(host=host, port=port) or node
-    return node
+    return redispy.listed_node(client, host, port) or redispy.add_node(client, host, port)
 
 
 class _ClusterClient(RedisCluster):

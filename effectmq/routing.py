@@ -35,6 +35,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import ConnectionPool
 from redis.crc import key_slot
 
+from . import redispy
 from .cluster import node_at
 from .connection import TRANSPORT_ERRORS, RedisErrors, client_settings
 from .protocol import ScriptArgs
@@ -108,23 +109,9 @@ class _Topology:
     async def refresh(self, client: RedisCluster, seen_epoch: int) -> None:
         async with self.lock:
             if self.epoch == seen_epoch:  # nobody re-read it meanwhile
-                await _reread_slot_map(client)
+                await redispy.reread_slot_map(client)
                 self.epoch += 1
                 self.stale = False
-
-
-async def _reread_slot_map(client: RedisCluster) -> None:
-    """Under the lock redis-py's own `initialize()` takes: before redis-py 6 its slot map
-    re-read was not serialized, and two re-reads at once rewrite the startup nodes the
-    other is iterating. One that still meets a rewrite (redis-py 5 also drops a failed
-    seed unlocked) is an outage like the one that caused it: retried."""
-    if client._lock is None:
-        client._lock = asyncio.Lock()
-    async with client._lock:
-        try:
-            await client.nodes_manager.initialize()
-        except RuntimeError as exc:  # "dictionary changed size during iteration"
-            raise redis_errors.ConnectionError(f"the cluster's slot map changed while it was read ({exc})") from exc
 
 
 _topologies: "weakref.WeakKeyDictionary[RedisCluster, _Topology]" = weakref.WeakKeyDictionary()
@@ -153,7 +140,7 @@ class ClusterScriptRunner(ScriptRunner):
         await self.client.initialize()  # once; again after redis-py closed it on an error
         if self.topology.stale:
             await self.topology.refresh(self.client, self.topology.epoch)
-        return self.client.nodes_manager.get_node_from_slot(self.slot)  # SlotNotCoveredError while uncovered
+        return redispy.node_of_slot(self.client, self.slot)
 
     async def run_many(self, calls: Sequence[ScriptArgs[R]]) -> list[R]:
         token = _patience.set(patience(self.client, calls))
@@ -234,12 +221,9 @@ class ClusterScriptRunner(ScriptRunner):
     def _asked_node(self, ask: redis_errors.AskError, sender: ClusterNode) -> ClusterNode:
         """The node an ASK names, connected to when the slot map does not list it (a master
         added for the resharding: CLUSTER SLOTS lists it once it holds a slot)."""
-        host, port = ask.host or sender.host, ask.port
-        remap = getattr(self.client.nodes_manager, "remap_host_port", None)  # redis-py's address_remap
-        if remap is not None:
-            host, port = remap(host, port)
+        host, port = redispy.remapped(self.client, ask.host or sender.host, ask.port)
         self.refusals.asked += 1
-        if self.client.nodes_manager.get_node(host=host, port=port) is None:
+        if redispy.listed_node(self.client, host, port) is None:
             self.refusals.new_nodes += 1
         return node_at(self.client, host, port)
 
@@ -254,23 +238,13 @@ class ClusterScriptRunner(ScriptRunner):
                 self.topology.stale = True  # the node may be gone: re-read the map before the next call
             raise
         finally:
-            _release(node, conn)
+            redispy.release(node, conn)
 
 
 def _refused_for_now(reply: Any) -> bool:
     """A reply saying the call did not run because its slot is moving: TRYAGAIN, or a
     redirection still left after MAX_REDIRECTS."""
     return isinstance(reply, (redis_errors.TryAgainError, redis_errors.AskError))
-
-
-def _release(node: ClusterNode, conn: Any) -> None:
-    """Give a connection back to its node's pool (redis-py 5.x's ClusterNode has no
-    release(): its own calls append to the free list)."""
-    release = getattr(node, "release", None)
-    if release is not None:
-        release(conn)
-    else:
-        node._free.append(conn)
 
 
 def script_runner(client: Any, keys: Sequence[str], errors: RedisErrors) -> ScriptRunner:
@@ -289,7 +263,6 @@ def subscriber(client: Any, channel: str) -> PubSub:
     """
     if not isinstance(client, RedisCluster):
         return client.pubsub(ignore_subscribe_messages=True)
-    owners = client.nodes_manager.slots_cache.get(key_slot(client.encoder.encode(channel)))
-    node = owners[0] if owners else next(iter(client.nodes_manager.startup_nodes.values()))
+    node = redispy.node_for_key(client, channel)
     pool = ConnectionPool(connection_class=node.connection_class, max_connections=1, **node.connection_kwargs)
     return PubSub(pool, ignore_subscribe_messages=True)

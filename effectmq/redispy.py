@@ -1,0 +1,70 @@
+"""redis-py's cluster internals the runtime reaches into, in one place.
+
+redis-py has no public API for these; each was checked on redis-py 5.3.1 (the floor
+pyproject allows) and 8.2.0 (the newest tested), the two versions tooling/test.sh runs
+the suite on. A new redis-py major is checked here first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import redis.exceptions as redis_errors
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
+
+
+async def reread_slot_map(client: RedisCluster) -> None:
+    """`nodes_manager.initialize()` under the lock redis-py's own `initialize()` takes
+    (`client._lock`, None until first used): before redis-py 6 its re-read was not
+    serialized, and two re-reads at once rewrite the startup nodes the other is
+    iterating. One that still meets a rewrite (redis-py 5 also drops a failed seed
+    unlocked) is an outage like the one that caused it: retried."""
+    if client._lock is None:
+        client._lock = asyncio.Lock()
+    async with client._lock:
+        try:
+            await client.nodes_manager.initialize()
+        except RuntimeError as exc:  # "dictionary changed size during iteration"
+            raise redis_errors.ConnectionError(f"the cluster's slot map changed while it was read ({exc})") from exc
+
+
+def node_of_slot(client: RedisCluster, slot: int) -> ClusterNode:
+    """The master serving `slot` by the client's map (SlotNotCoveredError while uncovered)."""
+    return client.nodes_manager.get_node_from_slot(slot)
+
+
+def listed_node(client: RedisCluster, host: str, port: int) -> ClusterNode | None:
+    return client.nodes_manager.get_node(host=host, port=port)
+
+
+def remapped(client: RedisCluster, host: str, port: int) -> tuple[str, int]:
+    """An address as the client's `address_remap` turns it (redis-py ≥ 5.0.1 has it)."""
+    remap = getattr(client.nodes_manager, "remap_host_port", None)
+    return remap(host, port) if remap is not None else (host, port)
+
+
+def add_node(client: RedisCluster, host: str, port: int) -> ClusterNode:
+    """Make host:port a node of the client, as redis-py does with the node a MOVED names."""
+    manager = client.nodes_manager
+    node = ClusterNode(host, int(port), "primary", **manager.connection_kwargs)
+    manager.set_nodes(manager.nodes_cache, {node.name: node})
+    return manager.get_node(host=host, port=port) or node
+
+
+def release(node: ClusterNode, conn: Any) -> None:
+    """Give a connection back to its node's pool (redis-py 5.x's ClusterNode has no
+    release(): its own calls append to the free list)."""
+    give_back = getattr(node, "release", None)
+    if give_back is not None:
+        give_back(conn)
+    else:
+        node._free.append(conn)
+
+
+def node_for_key(client: RedisCluster, key: str) -> ClusterNode:
+    """The master of `key`'s slot by the client's map; before the first call has read the
+    map, a seed node."""
+    owners = client.nodes_manager.slots_cache.get(key_slot(client.encoder.encode(key)))
+    return owners[0] if owners else next(iter(client.nodes_manager.startup_nodes.values()))
