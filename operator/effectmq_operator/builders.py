@@ -16,6 +16,13 @@ SPEC_HASH = f"{GROUP}/spec-hash"  # on the Deployment: what the operator last ap
 FIELD_MANAGER = "effectmq-operator"  # server-side apply's manager name, and the Events' reporting component
 MANAGED_BY = {"app.kubernetes.io/managed-by": "effectmq-operator"}
 CA_DIR = "/etc/effectmq/redis-ca"  # where worker pods mount spec.redis.tls.caFrom
+URL_DIR = "/etc/effectmq/redis-url"  # where worker pods mount spec.redis.urlFrom
+URL_FILE = f"{URL_DIR}/url"
+URL_VARIABLES = ("EFFECTMQ_REDIS_URL", "EFFECTMQ_REDIS_URL_FILE")  # a worker refuses both set (url_from_env)
+# The pod's fsGroup when it mounts the URL: the kubelet gives a Secret's files to root
+# and this group, and adds the group to every process of the pod, so a 0440 file is
+# read by the worker whatever user its image runs as. 10001: the worker image's group.
+URL_FILE_GROUP = 10001
 
 
 def queue_name(namespace: str, name: str) -> str:
@@ -47,10 +54,12 @@ def drain_timeout(grace_seconds: int) -> int:
 
 
 def redis_url_env(redis: RedisSpec) -> dict[str, Any]:
-    """The EFFECTMQ_REDIS_URL variable: a literal URL or a Secret reference."""
+    """How the worker learns its Redis: a literal URL (no credentials, by a CRD rule) as
+    EFFECTMQ_REDIS_URL; one from a Secret as the file the Secret's key is mounted at
+    (EFFECTMQ_REDIS_URL_FILE), never a variable, which child processes, /proc/<pid>/environ
+    and crash dumps would show."""
     if redis.url_from:
-        return {"name": "EFFECTMQ_REDIS_URL",
-                "valueFrom": {"secretKeyRef": {"name": redis.url_from.name, "key": redis.url_from.key}}}
+        return {"name": "EFFECTMQ_REDIS_URL_FILE", "value": URL_FILE}
     return {"name": "EFFECTMQ_REDIS_URL", "value": redis.url or ""}
 
 
@@ -83,7 +92,13 @@ def worker_env(namespace: str, name: str, spec: QueueSpec) -> list[dict[str, Any
     user = {}
     for var in worker.env:  # the last of repeated user names wins, as the kubelet would resolve them
         user[var["name"]] = var
-    merged = [user.pop(var["name"], var) for var in env]
+    users_url = [user.pop(name) for name in URL_VARIABLES if name in user]
+    merged = []
+    for var in env:
+        if var["name"] in URL_VARIABLES and users_url:  # the user's URL, by either name, replaces ours
+            merged += users_url
+        else:
+            merged.append(user.pop(var["name"], var))
     return merged + list(user.values())
 
 
@@ -128,11 +143,18 @@ def worker_deployment(namespace: str, name: str, spec: QueueSpec, replicas: int,
         volumes.append({"name": "redis-ca", "secret": {"secretName": ca_ref.name,
                                                        "items": [{"key": ca_ref.key, "path": "ca.crt"}]}})
         container["volumeMounts"].append({"name": "redis-ca", "mountPath": CA_DIR, "readOnly": True})
+    pod_security: dict[str, Any] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    url_ref = spec.redis.url_from
+    if url_ref:
+        volumes.append({"name": "redis-url", "secret": {"secretName": url_ref.name, "defaultMode": 0o440,
+                                                        "items": [{"key": url_ref.key, "path": "url"}]}})
+        container["volumeMounts"].append({"name": "redis-url", "mountPath": URL_DIR, "readOnly": True})
+        pod_security["fsGroup"] = URL_FILE_GROUP
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "volumes": volumes,
         "terminationGracePeriodSeconds": worker.termination_grace_seconds,
-        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": pod_security,
     }
     for key in ("nodeSelector", "tolerations", "affinity", "serviceAccountName", "imagePullSecrets"):
         if template.get(key):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -175,3 +176,52 @@ def test_a_full_redis_pauses_the_ticks_and_the_system_goes_on(tmp_path):
         server.close()
     finally:
         assert local.stop() == 0, "\n".join(local.lines()[-30:])
+
+
+PASSWORD = "l0cal-Only-s3cret"
+
+
+def child_environs(parent: int) -> dict[int, str]:
+    """The environments (/proc/<pid>/environ) of the processes `parent` started."""
+    found = {}
+    for stat_path in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat_path.read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == parent:
+                found[int(stat_path.parent.name)] = (stat_path.parent / "environ").read_bytes().decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return found
+
+
+def test_a_url_from_a_secret_reaches_local_workers_by_a_private_file(tmp_path, make_redis):
+    """As in a pod (issue 36): a Queue whose URL a Secret holds gets it through
+    EFFECTMQ_REDIS_URL_FILE, never the workers' environment (which their child processes
+    inherit and /proc/<pid>/environ shows). Locally the runner writes the URL of the
+    Redis it runs on to a file only its user reads, and removes it when it stops."""
+    server = make_redis(password=PASSWORD)
+    manifest = yaml.safe_load((ROOT / "examples/k8s/queue.yaml").read_text())
+    manifest["spec"]["redis"] = {"urlFrom": {"secretKeyRef": {"name": "redis-credentials", "key": "url"}}}
+    manifest["spec"]["scaling"].update(minReplicas=1, pollIntervalSeconds=1)
+    (tmp_path / "queue.yaml").write_text(yaml.safe_dump(manifest))
+    local = Local(tmp_path, str(tmp_path / "queue.yaml"), "--redis-url", server.url, port=free_port())
+    try:
+        local.wait_line(r"workers=1", timeout=60)
+        q = effectmq.SyncTaskQueue("default/emails", url=server.url)
+        assert q.wait(q.offer("send_email", {"to": "a@example.com"}).task_id, timeout=60)["delivered_to"] \
+            == "a@example.com"
+        q.close()
+        workers = {pid: environ for pid, environ in child_environs(local.proc.pid).items()
+                   if "EFFECTMQ_QUEUE=default/emails\0" in environ}
+        assert workers, "no worker process found"
+        for environ in workers.values():
+            variables = dict(v.split("=", 1) for v in environ.split("\0") if "=" in v)
+            assert PASSWORD not in environ and "EFFECTMQ_REDIS_URL" not in variables
+            url_file = Path(variables["EFFECTMQ_REDIS_URL_FILE"])
+            assert url_file.read_text() == server.url
+            assert stat.S_IMODE(url_file.stat().st_mode) == 0o600
+            assert stat.S_IMODE(url_file.parent.stat().st_mode) == 0o700
+    finally:
+        assert local.stop() == 0, "\n".join(local.lines()[-30:])
+    assert not url_file.parent.exists()
+    assert PASSWORD not in "\n".join(local.lines())

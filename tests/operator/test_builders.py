@@ -27,7 +27,9 @@ def test_worker_deployment_runs_the_queue_handlers():
     assert c["image"] == QUEUE["spec"]["worker"]["image"] and c["resources"] == QUEUE["spec"]["worker"]["resources"]
     env = env_of(d)
     assert env["EFFECTMQ_QUEUE"]["value"] == "shop/emails"
-    assert env["EFFECTMQ_REDIS_URL"]["value"] == QUEUE["spec"]["redis"]["url"]
+    redis = QUEUE["spec"]["redis"]  # the example's: a literal URL, or a Secret's key mounted as a file
+    passed = {"EFFECTMQ_REDIS_URL": redis["url"]} if "url" in redis else {"EFFECTMQ_REDIS_URL_FILE": builders.URL_FILE}
+    assert {name: env[name]["value"] for name in builders.URL_VARIABLES if name in env} == passed
     assert env["EFFECTMQ_CONCURRENCY"]["value"] == "16"
     assert "EFFECTMQ_PREFETCH" not in env  # unset (auto): no new variable rolls existing Deployments
     for prefetch in (0, 4):
@@ -58,7 +60,7 @@ def test_secret_url_tls_and_pod_template_overrides():
     }
     d = builders.worker_deployment("ns", "q", QueueSpec.parse(spec), 0)
     env = env_of(d)
-    assert env["EFFECTMQ_REDIS_URL"]["valueFrom"] == {"secretKeyRef": {"name": "redis", "key": "url"}}
+    assert "EFFECTMQ_REDIS_URL" not in env and env["EFFECTMQ_REDIS_URL_FILE"]["value"] == "/etc/effectmq/redis-url/url"
     assert env["EFFECTMQ_REDIS_TLS"]["value"] == "true"
     assert env["EFFECTMQ_REDIS_CA_FILE"]["value"] == "/etc/effectmq/redis-ca/ca.crt"
     pod = d["spec"]["template"]["spec"]
@@ -70,6 +72,42 @@ def test_secret_url_tls_and_pod_template_overrides():
     assert d["spec"]["template"]["metadata"]["labels"]["team"] == "x"
     assert d["spec"]["template"]["metadata"]["annotations"]["a"] == "b"
     assert "ownerReferences" not in d["metadata"]
+
+
+def test_a_url_from_a_secret_reaches_the_worker_as_a_file_readable_by_the_pods_group_only():
+    """Issue 36: an environment variable leaks (child processes, /proc/<pid>/environ,
+    crash dumps); a mounted Secret key does not. The kubelet gives the file to root and
+    the pod's fsGroup, so 0440 lets the worker (any user: fsGroup is one of its groups)
+    read it and nobody else."""
+    spec = {"redis": {"urlFrom": {"secretKeyRef": {"name": "redis-credentials", "key": "url"}}},
+            "worker": {"image": "w:1", "handlers": "a:b"}}
+    d = builders.worker_deployment("ns", "q", QueueSpec.parse(spec), 1)
+    pod = d["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = env_of(d)
+    assert "EFFECTMQ_REDIS_URL" not in env
+    assert not any("secretKeyRef" in (e.get("valueFrom") or {}) for e in container["env"])
+    assert env["EFFECTMQ_REDIS_URL_FILE"] == {"name": "EFFECTMQ_REDIS_URL_FILE", "value": "/etc/effectmq/redis-url/url"}
+    assert {"name": "redis-url", "secret": {"secretName": "redis-credentials", "items": [{"key": "url", "path": "url"}],
+                                            "defaultMode": 0o440}} in pod["volumes"]
+    assert {"name": "redis-url", "mountPath": "/etc/effectmq/redis-url", "readOnly": True} in container["volumeMounts"]
+    assert isinstance(pod["securityContext"]["fsGroup"], int) and pod["securityContext"]["runAsNonRoot"] is True
+
+    # A literal URL (no credentials, by a CRD rule) stays a value: nothing mounted, nothing rolled.
+    literal = builders.worker_deployment("ns", "q", QueueSpec.parse({**spec, "redis": {"url": "redis://r:6379/0"}}), 1)
+    literal_pod = literal["spec"]["template"]["spec"]
+    assert env_of(literal)["EFFECTMQ_REDIS_URL"] == {"name": "EFFECTMQ_REDIS_URL", "value": "redis://r:6379/0"}
+    assert "EFFECTMQ_REDIS_URL_FILE" not in env_of(literal) and "fsGroup" not in literal_pod["securityContext"]
+    assert [v["name"] for v in literal_pod["volumes"]] == ["tmp"]
+
+    # A URL variable of the user's replaces the operator's, whichever of the two names
+    # either uses: the worker refuses to start with both set.
+    for name, value in (("EFFECTMQ_REDIS_URL", "redis://mine:6379/0"), ("EFFECTMQ_REDIS_URL_FILE", "/mnt/url")):
+        for redis in ({"url": "redis://r:6379/0"}, spec["redis"]):
+            mine = {"redis": redis, "worker": {**spec["worker"], "env": [{"name": name, "value": value}]}}
+            names = [e["name"] for e in builders.worker_env("ns", "q", QueueSpec.parse(mine))]
+            assert [n for n in names if n.startswith("EFFECTMQ_REDIS_URL")] == [name], (name, redis)
+            assert names[1] == name  # in place of the operator's
 
 
 @pytest.mark.parametrize("grace, drain", [(60, 50), (30, 25), (10, 5), (5, 1), (0, 1)])

@@ -47,7 +47,8 @@ def test_queues_on_a_redis_cluster_get_deployments_conditions_and_scaling(kube_c
     apply(plane, ns, queue_manifest("inline", url.replace(quote(PASSWORD, safe=""), "x"), scaling=SCALING))
     deployment = get(plane, ns, "deployment", f"{QUEUES[0]}-worker")
     env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert any(e["name"] == "EFFECTMQ_REDIS_URL" and "secretKeyRef" in e.get("valueFrom", {}) for e in env)
+    assert {"name": "EFFECTMQ_REDIS_URL_FILE", "value": "/etc/effectmq/redis-url/url"} in env  # the Secret, mounted
+    assert not any(e["name"] == "EFFECTMQ_REDIS_URL" for e in env)
 
     # Scaling follows the backlog on every master: 250 tasks at 100 per replica: 3 replicas.
     loaded = {}

@@ -181,6 +181,7 @@ def test_a_planted_password_appears_nowhere(kube_control_plane, kube_namespace, 
         time.sleep(3)  # a few polls of every broken Queue
         with urllib.request.urlopen(f"http://127.0.0.1:{worker.env['EFFECTMQ_METRICS_PORT']}/metrics") as r:
             worker_metrics = r.read().decode()
+        worker_environ = worker.environ()  # what child processes inherit and crash dumps hold
     finally:
         worker.stop()
         bad_worker.stop()
@@ -190,6 +191,7 @@ def test_a_planted_password_appears_nowhere(kube_control_plane, kube_namespace, 
         "operator log": operator.log_path.read_text(errors="replace"),
         "operator metrics": operator.metrics(),
         "worker log": worker.log_path.read_text(errors="replace"),
+        "worker environment": worker_environ,
         "failing worker log": bad_worker.log_path.read_text(errors="replace"),
         "worker metrics": worker_metrics,
     }

@@ -8,6 +8,7 @@ import copy
 import json
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -113,10 +114,15 @@ def test_end_to_end_with_workers_run_from_the_deployment(kube_control_plane, kub
         results = [q.wait(tid, timeout=60) for tid in ids]
         assert [r["delivered_to"] for r in results] == [f"user{i}@example.com" for i in range(20)]
         q.close()
+        # The URL from the Secret reached them as a file (issue 36), not in the environment
+        # that child processes, /proc/<pid>/environ and crash dumps show.
+        environ = workers[0].environ()
+        assert redis_url not in environ and "EFFECTMQ_REDIS_URL=" not in environ
+        assert f"EFFECTMQ_REDIS_URL_FILE={workers[0].env['EFFECTMQ_REDIS_URL_FILE']}" in environ
     finally:
         for w in workers:
             w.stop()
-    assert workers[0].env["EFFECTMQ_REDIS_URL"] == redis_url  # resolved from the Secret
+    assert Path(workers[0].env["EFFECTMQ_REDIS_URL_FILE"]).read_text() == redis_url  # the Secret's key, mounted
 
 
 def test_scaling_follows_the_backlog(kube_control_plane, kube_namespace, start_operator, redis_url):

@@ -46,7 +46,8 @@ def test_queues_behind_sentinel_are_served_and_follow_a_failover(kube_control_pl
     # no password given to a Redis that wants one: refused by Redis, not by the operator's URL check
     assert inline["reason"] != "InvalidRedisURL", inline
     env = get(plane, ns, "deployment", "jobs-worker")["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert any(e["name"] == "EFFECTMQ_REDIS_URL" and "secretKeyRef" in e.get("valueFrom", {}) for e in env)
+    assert {"name": "EFFECTMQ_REDIS_URL_FILE", "value": "/etc/effectmq/redis-url/url"} in env  # the Secret, mounted
+    assert not any(e["name"] == "EFFECTMQ_REDIS_URL" for e in env)
 
     # Ticks land in the queue on the primary, and the backlog scales the Deployment.
     q = effectmq.SyncTaskQueue(f"{ns}/jobs", url=url)

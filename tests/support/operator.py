@@ -148,14 +148,24 @@ class OperatorProcess:
         stop_process(self.proc, 20)
 
 
-def deployment_worker_command(plane, namespace: str, deployment: dict, pod_name: str) -> tuple[list[str], dict]:
+def deployment_worker_command(plane, namespace: str, deployment: dict, pod_name: str,
+                              volumes_dir: Path | None = None) -> tuple[list[str], dict]:
     """The worker container's command and environment, resolved as the kubelet would
-    (Secret references read from the API server, the pod name from the field ref)."""
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    (Secret references read from the API server, the pod name from the field ref).
+    With `volumes_dir`, the Secret volumes the container mounts are written there (a
+    private folder, each file with the volume's defaultMode) and a variable naming a
+    path inside a mount names the same file there."""
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    mounted = mount_secret_volumes(plane, namespace, pod, volumes_dir) if volumes_dir is not None else {}
     env: dict[str, str] = {}
     for var in container.get("env", []):
         if "value" in var:
-            env[var["name"]] = var["value"]
+            value = var["value"]
+            for mount_path, root in mounted.items():
+                if value.startswith(mount_path + "/"):
+                    value = str(root) + value[len(mount_path):]
+            env[var["name"]] = value
             continue
         source = var["valueFrom"]
         if "secretKeyRef" in source:
@@ -171,12 +181,34 @@ def deployment_worker_command(plane, namespace: str, deployment: dict, pod_name:
     return argv, env
 
 
+def mount_secret_volumes(plane, namespace: str, pod: dict, volumes_dir: Path) -> dict[str, Path]:
+    """The kubelet's part for the worker container's Secret volumes: {mount path: the
+    folder under `volumes_dir` that holds the Secret's items}."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mounted: dict[str, Path] = {}
+    for mount in pod["containers"][0].get("volumeMounts", []):
+        secret = volumes[mount["name"]].get("secret")
+        if not secret:
+            continue
+        data = plane.kubectl_json("get", "secret", secret["secretName"], "-n", namespace)["data"]
+        volumes_dir.mkdir(mode=0o700, exist_ok=True)
+        root = volumes_dir / mount["name"]
+        root.mkdir(mode=0o700, exist_ok=True)
+        for item in secret["items"]:
+            path = root / item["path"]
+            path.write_bytes(base64.b64decode(data[item["key"]]))
+            path.chmod(secret.get("defaultMode", 0o644))
+        mounted[mount["mountPath"]] = root
+    return mounted
+
+
 class DeploymentWorker:
     """A local process standing in for one pod of the worker Deployment."""
 
     def __init__(self, plane, namespace: str, deployment: dict, pod_name: str, log_dir: Path,
                  overrides: dict | None = None):
-        argv, env = deployment_worker_command(plane, namespace, deployment, pod_name)
+        argv, env = deployment_worker_command(plane, namespace, deployment, pod_name,
+                                              volumes_dir=log_dir / f"{pod_name}-volumes")
         env.update(overrides or {})
         env["EFFECTMQ_METRICS_PORT"] = str(free_port())  # several "pods" share this host
         full_env = {**os.environ, **env,
@@ -188,6 +220,10 @@ class DeploymentWorker:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
+
+    def environ(self) -> str:
+        """The process' environment as the kernel shows it (/proc/<pid>/environ)."""
+        return Path(f"/proc/{self.proc.pid}/environ").read_bytes().decode(errors="replace").replace("\0", "\n")
 
     def stop(self, sig=None) -> None:
         stop_process(self.proc, 30, sig)

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 import effectmq
+from effectmq.redaction import redact_url
 from effectmq.scheduler import Scheduler
 from effectmq.scheduler.model import ScheduleSpec
 
@@ -124,12 +126,18 @@ class LocalQueue:
         return [w for w in self.workers if not w.stopping and w.proc.poll() is None]
 
 
-def worker_env(resource: Resource, redis_url: str, worker_name: str) -> dict[str, str]:
-    """The Deployment's environment, with what only a cluster provides resolved locally."""
+def worker_env(resource: Resource, redis_url: str, worker_name: str, redis_url_file: Path) -> dict[str, str]:
+    """The Deployment's environment, with what only a cluster provides resolved locally.
+
+    The Redis is the runner's, whatever the manifest says, passed as the Deployment
+    passes it: a literal URL as EFFECTMQ_REDIS_URL; a URL from a Secret (which may hold
+    a password) by EFFECTMQ_REDIS_URL_FILE, here `redis_url_file`, written by the runner."""
     env: dict[str, str] = {}
     for var in builders.worker_env(resource.namespace, resource.name, QueueSpec.parse(resource.spec, resource.name)):
         if var["name"] == "EFFECTMQ_REDIS_URL":
-            env[var["name"]] = redis_url  # the local Redis, whatever the manifest says
+            env[var["name"]] = redis_url
+        elif var["name"] == "EFFECTMQ_REDIS_URL_FILE":
+            env[var["name"]] = str(redis_url_file)
         elif var["name"] == "EFFECTMQ_METRICS_PORT":
             continue  # several local workers would fight over one port
         elif "value" in var:
@@ -160,6 +168,16 @@ class LocalRunner:
         self.redis_problem: str | None = None  # why the last pass failed, while Redis refuses
         self.stopping = asyncio.Event()
         self.worker_logs = data_dir / "logs"
+        self.redis_url_file: Path | None = None  # written at start, removed at shutdown
+
+    def _write_url_file(self) -> Path:
+        """The Redis URL in a file only this user reads (0600, in a fresh 0700 folder): the
+        kubelet's mounted Secret, for workers whose Deployment reads the URL from a file."""
+        path = Path(tempfile.mkdtemp(prefix="effectmq-local-")) / "redis-url"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.redis_url)
+        return path
 
     # -- setup ----------------------------------------------------------------------
 
@@ -167,6 +185,7 @@ class LocalRunner:
         if self.redis is not None:
             await self.redis.start()
         self.worker_logs.mkdir(parents=True, exist_ok=True)
+        self.redis_url_file = self._write_url_file()
         executable = shutil.which("effectmq")
         base = [executable] if executable else [sys.executable, "-m", "effectmq"]
         for r in (r for r in self.resources if r.kind == "Queue"):
@@ -200,7 +219,10 @@ class LocalRunner:
     def _spawn(self, lq: LocalQueue) -> None:
         lq.serial += 1
         name = f"{lq.resource.name}-worker-{lq.serial}"
-        env = {**os.environ, **worker_env(lq.resource, self.redis_url, name)}
+        assert self.redis_url_file is not None, "start() writes it"
+        # This shell's own Redis URL variables stay out: the worker takes one of the two, never both.
+        inherited = {k: v for k, v in os.environ.items() if k not in builders.URL_VARIABLES}
+        env = {**inherited, **worker_env(lq.resource, self.redis_url, name, self.redis_url_file)}
         env["PYTHONPATH"] = os.pathsep.join([*self.pythonpath, os.getcwd(), os.environ.get("PYTHONPATH", "")])
         out = open(self.worker_logs / f"{name}.log", "ab")
         proc = subprocess.Popen(lq.argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -296,7 +318,7 @@ class LocalRunner:
         for lq in self.queues.values():
             stats = await lq.queue.stats()
             rows.append(view.QueueRow(lq.queue.name, stats, len(lq.running), lq.last_reason))
-        text = view.render(self.redis_url, rows, self.recent_ticks, self.recent_failures, self.worker_logs,
+        text = view.render(redact_url(self.redis_url), rows, self.recent_ticks, self.recent_failures, self.worker_logs,
                            self.redis_problem)
         if self.live_view and sys.stdout.isatty():
             sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
@@ -320,4 +342,6 @@ class LocalRunner:
             await self.scheduler.close()
         if self.redis is not None:
             await self.redis.stop()
+        if self.redis_url_file is not None:
+            shutil.rmtree(self.redis_url_file.parent, ignore_errors=True)
         print("effectmq local: stopped; state kept in " + str(self.data_dir), flush=True)
