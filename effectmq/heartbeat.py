@@ -35,6 +35,12 @@ def tick(refresh: float) -> float:
     return max(0.01, min(refresh / 4, 1.0))
 
 
+def spent(now: float, confirmed_until: float, lock_timeout: float) -> bool:
+    """The lease cannot be confirmed for a safety margin more: nothing starts on it, and
+    a handler on it is stopped."""
+    return now >= confirmed_until - safety_margin(lock_timeout)
+
+
 def decide(now: float, next_renew: float, confirmed_until: float, margin: float) -> Action:
     if now >= confirmed_until - margin:
         return Action.INTERRUPT

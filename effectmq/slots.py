@@ -156,9 +156,9 @@ class SlotLedger(Generic[A]):
 
 
 class WorkerContext(Protocol):
-    """What the worker's collaborators (the leases its completion batches take along, its
-    heartbeat) see of it: its slots, and the few things they may ask of it. BullMQ's
-    LockManagerWorkerContext is the model: a narrow interface, not the worker."""
+    """What the worker's collaborators (the leases its completion batches take along,
+    lease_keeper.LeaseKeeper) see of it: its slots, and the few things they may ask of it.
+    BullMQ's LockManagerWorkerContext is the model: a narrow interface, not the worker."""
 
     @property
     def slots(self) -> SlotLedger[Any]: ...
@@ -177,3 +177,12 @@ class WorkerContext(Protocol):
 
     def release_in_background(self, lease: Lease, why: str, level: int = logging.WARNING) -> None:
         """Hand a lease that will not run here back to the queue (no stall), logging why."""
+
+    def hand_back(self, attempt: Any, why: str, level: int = logging.WARNING) -> None:
+        """A held attempt will not start here: it goes back to the queue (no stall)."""
+
+    def interrupt(self, attempt: Any, why: str, *, owned_elsewhere: bool = False) -> None:
+        """Ownership of the attempt can no longer be confirmed (or is gone): stop it."""
+
+    def loop_failed(self, loop: str, exc: BaseException, retry_in: float | None = None) -> None:
+        """Judge a loop's error: logged and backed off from, or the worker stops with it."""

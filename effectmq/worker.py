@@ -1,10 +1,11 @@
 """The Worker: runs handlers for leased tasks with heartbeats, timeouts and drain.
 
-One asyncio loop per process runs up to `concurrency` attempts. Idle, it blocks on
-the queue's wake signal (no polling floor). A single heartbeat loop renews every
-in-flight lease in one round trip and interrupts a handler whose ownership can no
-longer be confirmed. SIGTERM drains: no new acquisitions, in-flight attempts get
-`drain_timeout` to finish, the rest are released (not stalled).
+One asyncio loop per process runs up to `concurrency` attempts (slots.py keeps the
+count). Idle, it blocks on the queue's wake signal (no polling floor). A single
+heartbeat loop (lease_keeper.py) renews every in-flight lease in one round trip and
+interrupts a handler whose ownership can no longer be confirmed. SIGTERM drains: no
+new acquisitions, in-flight attempts get `drain_timeout` to finish, the rest are
+released (not stalled).
 
 A worker may also hold leases ahead of its running attempts (prefetch.py decides
 how many): their tasks start the moment a handler returns. Held leases are renewed
@@ -25,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping
 
 from . import codec, heartbeat, maintenance, metrics, protocol
+from .lease_keeper import LeaseKeeper
 from .prefetch import Prefetch
 from .acks import CompletionBatcher
 from .app import App, TaskDef
@@ -47,7 +49,6 @@ WORKER_BEAT_INTERVAL = 2.0  # seconds between announcements of this worker's loa
 BACKOFF_FIRST, BACKOFF_LIMIT = 0.1, 5.0  # seconds: a failing loop's first and longest wait
 STARTUP_PING_TIMEOUT = 5.0  # seconds: a connection that accepts but never answers is retried
 HELPER_STOP_TIMEOUT = 2.0  # seconds the helper loops get to end once the drain is over
-TIMER_SLACK = 0.005  # seconds: a timeout set for a window's close may fire a hair before it
 RELEASE_AT_LEAST = 0.5  # seconds a hand-back may take past its lease's confirmed end (the server's is later)
 # What a blocked loop costs a worker, and the usual cause: its async handlers
 LOOP_BLOCK_CONSEQUENCE = ("no heartbeat can run until it returns, so the leases of this process may run out and "
@@ -204,11 +205,10 @@ class Worker:
         self._last_warning: dict[tuple[str, str], float] = {}
         self._stopping = asyncio.Event()
         self._closing = asyncio.Event()  # the drain is over: helper loops end
-        self._new_attempt = asyncio.Event()  # set when a new lease needs a faster heartbeat tick
-        self._heartbeat_sleep = 0.0  # the heartbeat loop's current sleep (0: not asleep)
         self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="effectmq-handler")
         self._q = self.queue.name
         self._completions = CompletionBatcher(self.queue.engine, _TakeAlong(self))
+        self._keeper = LeaseKeeper(self, self.queue.engine, self._prefetch, lock_refresh)
         self._metrics = metrics.AttemptMetrics(self._q)
         self._ready_gauge = metrics.REDIS_READY.labels(self._q)
         self.ready = False  # the last Redis call worked: /readyz answers 200
@@ -263,7 +263,7 @@ class Worker:
                 await self._read_settings()
                 wake = await self.queue.wake_signal().start()
                 helpers = [
-                    asyncio.create_task(self._heartbeat_loop(), name="effectmq-heartbeat"),
+                    asyncio.create_task(self._keeper.run(self._closing), name="effectmq-heartbeat"),
                     asyncio.create_task(self._maintenance_loop(), name="effectmq-maintenance"),
                     asyncio.create_task(self._announce_loop(), name="effectmq-announce"),
                 ]
@@ -338,7 +338,7 @@ class Worker:
         self.ready = ready
         self._ready_gauge.set(1 if ready else 0)
 
-    def _loop_failed(self, loop: str, exc: BaseException, retry_in: float | None = None) -> None:
+    def loop_failed(self, loop: str, exc: BaseException, retry_in: float | None = None) -> None:
         """One place judges a loop's error: retryable ones are logged and backed off from;
         any other makes the worker drain and run() raise it (a non-zero exit)."""
         code = getattr(exc, "code", None) or type(exc).__name__
@@ -377,7 +377,7 @@ class Worker:
                 self._set_ready(True)
             except Exception as exc:  # noqa: BLE001 - judged in one place
                 self.slots.answered(free)
-                self._loop_failed("acquire", exc, backoff)
+                self.loop_failed("acquire", exc, backoff)
                 await self._until(self._stopping, backoff)
                 backoff = min(backoff * 2, BACKOFF_LIMIT)
                 continue
@@ -391,7 +391,7 @@ class Worker:
     async def _drain(self) -> None:
         deadline = time.monotonic() + self.drain_timeout
         for attempt in self.slots.held():
-            self._hand_back(attempt, "the worker is stopping", logging.INFO)  # routine: a drain
+            self.hand_back(attempt, "the worker is stopping", logging.INFO)  # routine: a drain
         if self.slots.in_flight:
             pending = [a.task for a in self.slots.attempts() if a.task]
             _done, still = await asyncio.wait(pending, timeout=self.drain_timeout) if pending else ((), set())
@@ -453,21 +453,19 @@ class Worker:
                 log.warning("task %s: attempt %d delivered after attempt %d; not started",
                             lease.task_id, lease.attempt, other.lease.attempt)
                 return
-            self._interrupt(other, f"attempt {lease.attempt} of this task now owns it", owned_elsewhere=True)
+            self.interrupt(other, f"attempt {lease.attempt} of this task now owns it", owned_elsewhere=True)
         definition = self.handlers.get(lease.name)
-        refresh = heartbeat.refresh_interval(lease.lock_timeout, self.lock_refresh)
+        refresh = self._keeper.refresh_interval(lease.lock_timeout)
         attempt = _Attempt(lease, definition, time.monotonic() + refresh)
-        if heartbeat.tick(refresh) < self._heartbeat_sleep:  # the heartbeat must wake sooner
-            self._new_attempt.set()
+        self._keeper.noticed(refresh)  # the heartbeat may have to wake sooner
         if self.slots.admit(lease.token, lease.task_id, attempt):
             self._begin(attempt)
         # else held: renewed by the heartbeat until a handler returns
 
     @staticmethod
-    def _spent(lease: Lease, now: float | None = None) -> bool:
+    def _spent(lease: Lease) -> bool:
         """Never run on a lease that cannot be confirmed for a safety margin more."""
-        now = time.monotonic() if now is None else now
-        return now >= lease.confirmed_until - heartbeat.safety_margin(lease.lock_timeout)
+        return heartbeat.spent(time.monotonic(), lease.confirmed_until, lease.lock_timeout)
 
     def _begin(self, attempt: _Attempt) -> None:
         """Run the handler of an attempt the ledger counts as running."""
@@ -484,7 +482,7 @@ class Worker:
         self._prefetch.returned(time.monotonic() - attempt.started)
         while not self._stopping.is_set() and (held := self.slots.next_held()) is not None:
             if self._spent(held.lease):  # the heartbeat could not renew it
-                self._hand_back(held, "its lease ran out while it was held")
+                self.hand_back(held, "its lease ran out while it was held")
             else:
                 self._begin(held)
 
@@ -492,7 +490,7 @@ class Worker:
         """Its slot is free (held, running or settling: it is done here)."""
         self.slots.leave(attempt.lease.token, attempt.lease.task_id)
 
-    def _hand_back(self, attempt: _Attempt, why: str, level: int = logging.WARNING) -> None:
+    def hand_back(self, attempt: _Attempt, why: str, level: int = logging.WARNING) -> None:
         """A held attempt that will not start here goes back to the queue (no stall). It is
         done with here: a renewal still out for it is not taken for a lost lease."""
         attempt.lost = True
@@ -635,23 +633,7 @@ class Worker:
                 log.error("task %s: %s refused; the lease will run out: %s", lease.task_id, operation, exc)
                 return "lease_lost"
 
-    # -- heartbeat and maintenance -------------------------------------------
-
-    def _heartbeat_tick(self) -> float:
-        """A quarter of the shortest renewal interval in flight (the granted leases decide)."""
-        leases = [a.lease.lock_timeout for a in self.slots.attempts()] or [self.lock_timeout]
-        return heartbeat.tick(heartbeat.refresh_interval(min(leases), self.lock_refresh))
-
-    async def _heartbeat_loop(self) -> None:
-        while not self._closing.is_set():
-            self._heartbeat_sleep = self._heartbeat_tick()
-            await self._until(self._new_attempt, self._heartbeat_sleep)  # a new lease may need a faster tick
-            self._heartbeat_sleep = 0.0  # awake: new leases are seen by this pass or the next
-            self._new_attempt.clear()
-            try:
-                await self._heartbeat_once()
-            except Exception as exc:  # noqa: BLE001 - the safety window alone interrupts handlers
-                self._loop_failed("heartbeat", exc)
+    # -- announcements and maintenance ------------------------------------------
 
     async def _announce_loop(self) -> None:
         """Tell the operator how busy this process is (it protects busy pods on scale-in).
@@ -676,53 +658,8 @@ class Worker:
         except (RedisUnavailable, asyncio.TimeoutError) as exc:
             log.debug("announcement skipped: %s", exc)
         except Exception as exc:  # noqa: BLE001 - judged in one place
-            self._loop_failed("announce", exc)
+            self.loop_failed("announce", exc)
         return False
-
-    async def _heartbeat_once(self) -> None:
-        now = time.monotonic()
-        for attempt in [a for a in self.slots.held() if self._prefetch.hand_back(now - a.started)]:
-            # routine for auto prefetch behind slow handlers: it adapts, nothing is wrong
-            self._hand_back(attempt, f"held {now - attempt.started:.1f} s without a free slot", logging.INFO)
-        due: list[_Attempt] = []
-        for attempt in self.slots.attempts():
-            if not self._renewable(attempt):
-                continue
-            lease = attempt.lease
-            action = heartbeat.decide(now, attempt.next_renew, lease.confirmed_until,
-                                      heartbeat.safety_margin(lease.lock_timeout))
-            if action is heartbeat.Action.INTERRUPT:
-                self._interrupt(attempt, "lease could not be confirmed in time")
-            elif action is heartbeat.Action.RENEW:
-                due.append(attempt)
-        if not due:
-            return
-        margin = min(heartbeat.safety_margin(a.lease.lock_timeout) for a in due)
-        budget = max(0.01, min(a.lease.confirmed_until for a in due) - margin - now)
-        # An error here is judged by _heartbeat_loop; renewal is tried again on the next
-        # tick, until the safety window closes.
-        try:
-            async with asyncio.timeout(budget):
-                owned = await self.queue.engine.renew([a.lease for a in due])
-        except Exception:
-            # The budget ends where the first safety window closes: interrupt now, not a
-            # tick later (with a short lease a tick is most of the margin).
-            closed_by = time.monotonic() + TIMER_SLACK
-            for attempt in due:
-                if self._renewable(attempt) and self._spent(attempt.lease, closed_by):
-                    self._interrupt(attempt, "lease could not be confirmed in time")
-            raise
-        for attempt, ok in zip(due, owned):
-            if ok:
-                attempt.next_renew = time.monotonic() + heartbeat.refresh_interval(
-                    attempt.lease.lock_timeout, self.lock_refresh)
-            else:
-                self._interrupt(attempt, "lease lost", owned_elsewhere=True)
-
-    @staticmethod
-    def _renewable(attempt: _Attempt) -> bool:
-        """Still ours and not settled: a held attempt (no task yet) is renewed like a running one."""
-        return not attempt.lost and (attempt.task is None or not attempt.task.done())
 
     def _describe_leases(self) -> str:
         """What a blocked loop risks (read from the watchdog's thread: reads only)."""
@@ -734,7 +671,7 @@ class Worker:
         return (f"; {len(attempts)} attempts in flight ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''}),"
                 f" the nearest lease confirmed for {max(0.0, nearest):.1f} s more")
 
-    def _interrupt(self, attempt: _Attempt, why: str, *, owned_elsewhere: bool = False) -> None:
+    def interrupt(self, attempt: _Attempt, why: str, *, owned_elsewhere: bool = False) -> None:
         """Ownership can no longer be confirmed (or is gone: `owned_elsewhere`): stop the
         attempt. A held one never started: it is released (no stall) unless another owns it.
         One whose handler returned is left to its acknowledgement, which tells how it
@@ -780,7 +717,7 @@ class Worker:
                     bookkeeping_due = start + pacing.interval
                 backoff = BACKOFF_FIRST
             except Exception as exc:  # noqa: BLE001 - judged in one place
-                self._loop_failed("maintenance", exc, backoff)
+                self.loop_failed("maintenance", exc, backoff)
                 await self._until(self._stopping, backoff)
                 backoff = min(backoff * 2, BACKOFF_LIMIT)
 
