@@ -76,6 +76,31 @@ def _stripped_code(exc: BaseException) -> str | None:
     return None
 
 
+# redis-py's connection errors that carry a Redis server's reply all the same.
+_REPLIES_RAISED_AS_CONNECTION_ERRORS = tuple(cls for name in (
+    "AuthenticationError", "AuthorizationError", "BusyLoadingError", "MaxClientsReachedError",
+) if (cls := getattr(redis_errors, name, None)) is not None)
+
+
+def redis_answered(exc: BaseException) -> bool:
+    """Whether a Redis server's own reply is behind `exc` (an error reply, a refused
+    password, a dataset still loading), as against nothing that speaks Redis: a connection
+    refused, reset or timed out, an unknown host or socket, a failed TLS handshake, bytes
+    that are not Redis' protocol. Whoever may write a URL for someone else's process to
+    connect to (a Queue's author, the operator) must not learn which of the second kind it
+    was: that maps the network from the process' place in it (issue 36)."""
+    if isinstance(exc, (RedisUnavailable, RedisRefused)):
+        return exc.answered
+    if isinstance(exc, redis_errors.RedisClusterException):  # no seed answered, or one did and refused
+        if isinstance(exc, redis_errors.SlotNotCoveredError):
+            return True  # the slot map came from a node
+        return exc.__cause__ is not None and redis_answered(exc.__cause__)
+    if isinstance(exc, _REPLIES_RAISED_AS_CONNECTION_ERRORS):
+        return True
+    return not isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError,
+                                redis_errors.InvalidResponse, OSError))
+
+
 @dataclass(frozen=True)
 class ReplyClass:
     code: str  # the reply's error code, or CONNECTION / TIMEOUT / AUTH for transport errors
@@ -260,11 +285,14 @@ class RedisErrors:
             text = f"{reply.code} {text}"
         if reply.code in ("MOVED", "ASK"):
             text += self.hint
+        answered = redis_answered(exc)
         if isinstance(exc, (*TRANSPORT_ERRORS, redis_errors.RedisClusterException)):  # no reply: not reached
-            raise RedisUnavailable(f"Redis unavailable {self.where}: {text}", reply.code, reply.retryable) from cause
+            raise RedisUnavailable(f"Redis unavailable {self.where}: {text}", reply.code, reply.retryable,
+                                   answered=answered) from cause
         if reply.retryable:
-            raise RedisUnavailable(f"Redis refused for now {self.where}: {text}", reply.code) from cause
-        raise RedisRefused(f"Redis refused {self.where}: {text}", reply.code) from cause
+            raise RedisUnavailable(f"Redis refused for now {self.where}: {text}", reply.code,
+                                   answered=answered) from cause
+        raise RedisRefused(f"Redis refused {self.where}: {text}", reply.code, answered=answered) from cause
 
 
 class OwnsConnection:

@@ -61,21 +61,26 @@ class UnknownTask(EffectMQError, LookupError):
 
 class RedisUnavailable(EffectMQError, ConnectionError):
     """Redis could not be reached, or refused for now (OOM, BUSY, READONLY, LOADING, ...):
-    retry with backoff. After a transport error the operation may or may not have happened."""
+    retry with backoff. After a transport error the operation may or may not have happened.
 
-    def __init__(self, message: str, code: str = "CONNECTION", retryable: bool = True):
+    `answered`: whether a Redis server's reply is behind it (effectmq.connection.redis_answered)."""
+
+    def __init__(self, message: str, code: str = "CONNECTION", retryable: bool = True, *, answered: bool = True):
         super().__init__(message)
         self.code = code
         self.retryable = retryable  # False: Redis is there but refuses us (a wrong password)
+        self.answered = answered
 
 
 class RedisRefused(EffectMQError):
     """Redis answered with an error that retrying will not fix (NOPERM, WRONGTYPE, a
-    script error): a configuration or programming problem; nothing was changed."""
+    script error): a configuration or programming problem; nothing was changed.
+    (`answered` False: what answered does not speak Redis' protocol.)"""
 
-    def __init__(self, message: str, code: str = "ERR"):
+    def __init__(self, message: str, code: str = "ERR", *, answered: bool = True):
         super().__init__(message)
         self.code = code
+        self.answered = answered
 
 
 class AlreadySettled(LeaseLost):

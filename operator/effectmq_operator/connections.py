@@ -19,7 +19,11 @@ options): each is its own RedisTarget (its own client), and `identity` tells whi
 of them share one scheduler store.
 
 Credentials stay inside: every message that leaves this module is scrubbed of
-the URL's secrets.
+the URL's secrets. So does the network's layout: a Queue's author chooses the URL and
+reads the status, and the operator connects from its own place in the network, so
+whatever does not answer as Redis (refused, reset, silent, an HTTP server, no such
+host, a failed TLS handshake) gets one message there; the cause goes to this
+module's log at debug level, for the platform team.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from kubernetes.client.rest import ApiException
 import redis.asyncio as aioredis
 
 import effectmq
-from effectmq.connection import RedisErrors, TlsOptions, connect
+from effectmq.connection import RedisErrors, TlsOptions, connect, redis_answered
 from effectmq.redaction import SCHEMES, redact_url, scrub, url_secrets
 from effectmq.scheduler import Scheduler
 
@@ -54,6 +58,9 @@ IDLE_CLIENT = 600.0  # seconds unused after which a Redis client is closed (a sl
 SLOT_WAIT = 1.0  # seconds without any poll finishing on a Redis after which one waiting for a turn gives up
 SECRET_REFRESH = 30.0  # seconds a Secret's cached copy is used before it is read again
 URL_PREFIXES = tuple(f"{scheme}://" for scheme in sorted(SCHEMES))  # what effectmq.connection.connect takes
+NO_REDIS_ANSWER = ("Redis{where} did not answer as a Redis server: check spec.redis (host, port, TLS, "
+                   "Sentinel service) and that the operator can reach it; the operator's log has the cause "
+                   "(debug level)")
 
 
 class ConfigProblem(Exception):
@@ -267,11 +274,13 @@ class Connections:
             return Problem(exc.reason, scrub(exc.message, *secrets), permanent=True)
         if isinstance(exc, effectmq.InvalidOption):
             return Problem("InvalidSpec", scrub(str(exc), *secrets), permanent=True)
-        if isinstance(exc, effectmq.RedisUnavailable):
-            return Problem("RedisUnreachable", scrub(str(exc), *secrets))
-        if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        if not redis_answered(exc):  # refused, reset, timed out, not Redis, no such host: all alike
+            log.debug("%r did not answer as a Redis server: %s: %s", target, type(exc).__name__,
+                      scrub(str(exc), *secrets) or "no reply in time")
             where = f" at {redact_url(target.url)}" if target else ""
-            return Problem("RedisUnreachable", f"Redis{where} did not answer in time")
+            return Problem("RedisUnreachable", NO_REDIS_ANSWER.format(where=where))
+        if isinstance(exc, effectmq.RedisUnavailable):  # a reply: a wrong password, LOADING, ...
+            return Problem("RedisUnreachable", scrub(str(exc), *secrets))
         return Problem("RedisError", scrub(f"Redis error: {type(exc).__name__}: {exc}", *secrets))
 
     # -- polls, a few at a time per Redis ---------------------------------------------

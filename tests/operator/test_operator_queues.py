@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 import effectmq
+from tests.operator.endpoints import endpoints
 from tests.support.operator import DeploymentWorker, controllers_fed_by_lists, wait_for, wait_for_async
 from tests.support.processes import ROOT
 
@@ -234,6 +235,38 @@ def test_operator_recovers_leases_when_no_worker_is_left(kube_control_plane, kub
         again.stop()  # SIGTERM: drains, then releases what is left
     assert q.stats().waiting == 4 and all(q.get(t).stalled_attempt_count == 1 for t in ids)
     q.close()
+
+
+def test_status_does_not_tell_a_closed_port_from_an_open_one(kube_control_plane, kube_namespace, start_operator):
+    """Issue 36: the status said "Connection refused" for a closed port, "Protocol error,
+    got 'H'" for an HTTP server and a timeout for one that never answers: a Queue's author
+    could scan the network as the operator sees it. Now the conditions and the Events say
+    the same of all three (their URLs aside)."""
+    plane, ns = kube_control_plane, kube_namespace
+    operator = start_operator()
+    with endpoints("closed", "garbage", "silent") as at:
+        for kind, endpoint in at.items():
+            apply(plane, ns, queue_manifest(kind, endpoint.url()))
+
+        def told(kind):
+            queue = get(plane, ns, "queue", kind)
+            reachable, ready = condition(queue, "RedisReachable"), condition(queue, "Ready")
+            if not reachable or reachable["status"] != "False":
+                return None
+            warnings = [m for t, r, m in events(plane, ns, kind) if t == "Warning" and r == "RedisUnreachable"]
+            if not warnings:
+                return None
+            url = at[kind].url()
+            return (reachable["reason"], *(m.replace(url, "<URL>") for m in (reachable["message"], ready["message"],
+                                                                              warnings[0])))
+
+        seen = {kind: wait_for(lambda kind=kind: told(kind), timeout=60, what=f"the {kind} Queue's status")
+                for kind in at}
+    assert len(set(seen.values())) == 1, seen
+    reason, message, *_ = seen["closed"]
+    assert reason == "RedisUnreachable" and "did not answer as a Redis server" in message, message
+    log = operator.log_path.read_text(errors="replace")
+    assert "Traceback" not in log
 
 
 def test_bad_input_becomes_conditions_and_events(kube_control_plane, kube_namespace, start_operator, redis_url):
