@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -16,7 +17,7 @@ from typing import Iterable
 import yaml
 
 from tests.fixtures.kube import KubeControlPlane, unavailable
-from tests.fixtures.redis import free_port
+from tests.fixtures.redis import free_port, require_binary
 from tests.support.operator import wait_for
 from tests.support.processes import ROOT, stop_process
 
@@ -190,3 +191,94 @@ def granted(plane: KubeControlPlane, user: str, namespace: str, baseline_user: s
 
 def expand(rules: dict[str, Iterable[str]], names: str = "") -> set[tuple[str, str, str]]:
     return {(resource, names, verb) for resource, verbs in rules.items() for verb in verbs}
+
+
+# --------------------------------------------------------------------------
+# The bundled Redis, run the way its container runs it
+
+
+class ContainerRedis:
+    """The chart's Redis StatefulSet container run here: its own command (`sh -c`,
+    which writes the password include from the Secret's file and starts redis-server)
+    with each volume "mounted" as a directory under `work` (every mount path in the
+    command, the config and the probes is rewritten to that directory), the ConfigMap's
+    and Secret's files written there as the kubelet would. Only the listen address is
+    changed: loopback and a free port."""
+
+    def __init__(self, statefulset: dict, config_map: dict, secret_data: dict[str, dict[str, str]], work: Path):
+        pod = statefulset["spec"]["template"]["spec"]
+        (self.container,) = pod["containers"]
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        self.port = free_port()
+        self.work = work
+        self.paths: dict[str, Path] = {}
+        for mount in self.container["volumeMounts"]:
+            (work / mount["name"]).mkdir(parents=True, exist_ok=True)
+            self.paths[mount["mountPath"]] = work / mount["name"]
+        for mount in self.container["volumeMounts"]:
+            here = self.paths[mount["mountPath"]]
+            volume = volumes.get(mount["name"], {})  # a claim template's volume: an empty directory
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+                for key, text in config_map["data"].items():
+                    (here / key).write_text(self.localize(text) if key == "redis.conf" else text)
+            elif "secret" in volume:
+                data = secret_data[volume["secret"]["secretName"]]
+                items = volume["secret"].get("items") or [{"key": k, "path": k} for k in data]
+                for item in items:
+                    target = here / item["path"]
+                    target.write_text(data[item["key"]])
+                    target.chmod(volume["secret"].get("defaultMode", 0o644))
+        conf = self.config_path.read_text()
+        conf = re.sub(r"^port 6379$", f"port {self.port}", conf, flags=re.M)
+        conf = re.sub(r"^bind .*$", "bind 127.0.0.1", conf, flags=re.M)
+        self.config_path.write_text(conf)
+        self.log = work / "redis.log"
+        self.proc: subprocess.Popen | None = None
+
+    def localize(self, text: str) -> str:
+        for mount_path in sorted(self.paths, key=len, reverse=True):  # /etc/redis before /etc
+            text = text.replace(mount_path, str(self.paths[mount_path]))
+        return text
+
+    def volume_dir(self, volume: str) -> Path:
+        """Where the volume named `volume` is mounted here."""
+        (path,) = [self.paths[m["mountPath"]] for m in self.container["volumeMounts"] if m["name"] == volume]
+        return path
+
+    @property
+    def config_path(self) -> Path:
+        (path,) = [p / "redis.conf" for p in self.paths.values() if (p / "redis.conf").exists()]
+        return path
+
+    def argv(self, command: list[str]) -> list[str]:
+        return [self.localize(a).replace("-p 6379", f"-p {self.port}") for a in command]
+
+    def start(self) -> ContainerRedis:
+        for binary in ("sh", "redis-server", "redis-cli"):
+            require_binary(binary, "install the Debian package redis-server")
+        argv = self.argv(self.container["command"] + self.container.get("args", []))
+        self.proc = subprocess.Popen(argv, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, cwd=self.work)
+        wait_for(self.listening, timeout=20, what=f"the bundled Redis's command\n{self.output()}")
+        return self
+
+    def listening(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"the container's command exited with {self.proc.returncode}:\n{self.output()}")
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+    def probe(self, kind: str) -> subprocess.CompletedProcess:
+        """The container's exec probe (`readinessProbe`, ...), run here."""
+        command = self.container[kind]["exec"]["command"]
+        return subprocess.run(self.argv(command), capture_output=True, text=True, timeout=30, check=False)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            stop_process(self.proc, 10)

@@ -4,6 +4,7 @@ objects, install / upgrade / uninstall, the restricted Pod Security profile,
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import subprocess
@@ -13,9 +14,8 @@ import pytest
 import redis as redis_client
 import yaml
 
-from tests.chart.support import (CHART, FULLNAME, RELEASE, ChartOperator, docs, find, get_object, helm_template,
-                                 ref, render, sa_token_kubeconfig)
-from tests.fixtures.redis import free_port, require_binary
+from tests.chart.support import (CHART, FULLNAME, RELEASE, ChartOperator, ContainerRedis, docs, find, get_object,
+                                 helm_template, ref, render, sa_token_kubeconfig)
 from tests.support.operator import wait_for
 
 pytestmark = pytest.mark.kube
@@ -245,35 +245,42 @@ def test_helm_test_checks_the_operator_and_the_bundled_redis(kube_control_plane,
                                                             tmp_path):
     """`helm test` with the kubelet's part played here: the test pod's command runs
     locally against the operator (run as the chart's Deployment, under its
-    ServiceAccount) and a redis-server started with the chart's redis.conf; its exit
-    code becomes the pod's phase."""
+    ServiceAccount) and the Redis StatefulSet's own command (its redis.conf and its
+    Secret's password); its exit code becomes the pod's phase."""
     plane = kube_control_plane
     namespace = make_namespace("emq")
     plane.helm("install", RELEASE, str(CHART), "-n", namespace, "--set", "redis.enabled=true")
     deployment = plane.kubectl_json("get", "deployment", FULLNAME, "-n", namespace)
     operator = ChartOperator(plane, deployment, sa_token_kubeconfig(plane, namespace, FULLNAME), tmp_path)
-    redis_conf = plane.kubectl_json("get", "configmap", f"{FULLNAME}-redis", "-n", namespace)["data"]["redis.conf"]
-    redis_port = free_port()
-    (tmp_path / "data").mkdir()  # the pod's /data volume
-    assert "\ndir /data\n" in redis_conf
-    (tmp_path / "redis.conf").write_text(redis_conf.replace("\ndir /data\n", f"\ndir {tmp_path / 'data'}\n"))
-    redis = subprocess.Popen([require_binary("redis-server", "install the Debian package redis-server"),
-                              str(tmp_path / "redis.conf"), "--port", str(redis_port), "--bind", "127.0.0.1"],
-                             stdout=open(tmp_path / "redis.log", "ab"), stderr=subprocess.STDOUT)
-    client = redis_client.Redis(port=redis_port, socket_connect_timeout=1)
-    wait_for(lambda: redis.poll() is None and _pings(client) or (redis.poll() is not None and pytest.fail(
-        (tmp_path / "redis.log").read_text())), timeout=20, what="redis-server with the chart's redis.conf")
+    # the bundled Redis: its container's own command, with the objects the install made
+    redis_name = f"{FULLNAME}-redis"
+    secret = {k: base64.b64decode(v).decode() for k, v in get_object(plane, "secret", namespace, redis_name)
+              ["data"].items()}
+    redis = ContainerRedis(get_object(plane, "statefulset", namespace, redis_name),
+                           get_object(plane, "configmap", namespace, redis_name), {redis_name: secret},
+                           tmp_path / "redis").start()
     local = {f"{FULLNAME}.{namespace}.svc:8080": f"127.0.0.1:{operator.liveness_port}",
              f"{FULLNAME}.{namespace}.svc:9090": f"127.0.0.1:{operator.metrics_port}",
-             f"{FULLNAME}-redis.{namespace}.svc:6379": f"127.0.0.1:{redis_port}"}
+             f"{redis_name}.{namespace}.svc:6379": f"127.0.0.1:{redis.port}"}
+
+    def here(value: str) -> str:
+        for remote, address in local.items():
+            value = value.replace(remote, address)
+        return value
+
+    client = redis_client.Redis.from_url(here(secret["url"]), socket_connect_timeout=1)
 
     def run_test_pod(pod: dict, overrides: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         container = pod["spec"]["containers"][0]
-        env = {e["name"]: e["value"] for e in container["env"]}
-        for key, value in env.items():
-            for remote, here in local.items():
-                value = value.replace(remote, here)
-            env[key] = value
+        env = {e["name"]: here(e["value"]) for e in container["env"]}
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+        for mount in container.get("volumeMounts", []):  # the Secret's files, as the kubelet writes them
+            directory = tmp_path / "test-pod" / mount["name"]
+            directory.mkdir(parents=True, exist_ok=True)
+            for item in volumes[mount["name"]]["secret"]["items"]:
+                assert volumes[mount["name"]]["secret"]["secretName"] == redis_name
+                (directory / item["path"]).write_text(here(secret[item["key"]]))
+            env = {k: v.replace(mount["mountPath"], str(directory)) for k, v in env.items()}
         env.update(overrides or {})
         command = container["command"] + container["args"]
         assert command[0] == "python"
@@ -289,6 +296,8 @@ def test_helm_test_checks_the_operator_and_the_bundled_redis(kube_control_plane,
         assert result.returncode == 0, result.stdout + result.stderr
         assert "ok: operator liveness" in result.stdout and "ok: operator metrics" in result.stdout
         assert "maxmemory-policy noeviction, appendonly yes" in result.stdout
+        assert "ok: bundled Redis without the password: a client without the password gets" in result.stdout
+        assert secret["password"] not in result.stdout + result.stderr
         plane.kubectl("patch", "pod", f"{FULLNAME}-test", "-n", namespace, "--subresource=status", "--type=merge",
                       "-p", json.dumps({"status": {"phase": "Succeeded"}}))
         output, _ = helm_test.communicate(timeout=60)
@@ -296,7 +305,7 @@ def test_helm_test_checks_the_operator_and_the_bundled_redis(kube_control_plane,
         assert "Phase:          Succeeded" in output
 
         # The same check fails, and says why, on a Redis that may evict.
-        assert (tmp_path / "data" / "appendonlydir").is_dir()  # AOF files where the volume is
+        assert (redis.volume_dir("data") / "appendonlydir").is_dir()  # AOF files where the volume is
         client.config_set("maxmemory-policy", "allkeys-lru")
         failed = run_test_pod(pod, {"EFFECTMQ_TEST_TIMEOUT": "5"})
         assert failed.returncode != 0 and "must run with noeviction" in failed.stderr, failed.stderr
@@ -306,16 +315,8 @@ def test_helm_test_checks_the_operator_and_the_bundled_redis(kube_control_plane,
             helm_test.kill()
             helm_test.wait()
         operator.stop()
-        redis.terminate()
-        redis.wait(10)
+        redis.stop()
     assert operator.permission_problems() == []
-
-
-def _pings(client) -> bool:
-    try:
-        return client.ping()
-    except redis_client.ConnectionError:
-        return False
 
 
 BAD_VALUES = [

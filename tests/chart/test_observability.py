@@ -215,7 +215,9 @@ def test_dashboard_runs_restricted_read_only_with_probes(kube_control_plane):
     port = {p["name"]: p["containerPort"] for p in container["ports"]}["http"]
     assert argv[argv.index("--port") + 1] == str(port)
     env = {e["name"]: e for e in container["env"]}
-    assert env["EFFECTMQ_REDIS_URL"]["value"] == f"redis://{RELEASE}-effectmq-redis.obs.svc:6379/0"
+    # the bundled Redis's URL, password included, from its Secret: a reference, never the value
+    assert env["EFFECTMQ_REDIS_URL"] == {"name": "EFFECTMQ_REDIS_URL", "valueFrom": {"secretKeyRef": {
+        "name": f"{RELEASE}-effectmq-redis", "key": "url"}}}
     assert "EFFECTMQ_DASHBOARD_TOKEN" not in env
     # the image is the operator's, which installs the dashboard extra
     assert container["image"] == "effectmq-operator:0.1.0"

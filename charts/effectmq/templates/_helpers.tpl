@@ -58,6 +58,35 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-redis" (include "effectmq.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/* The bundled Redis's address, without credentials. */}}
+{{- define "effectmq.redisAddress" -}}
+{{- printf "%s.%s.svc:6379" (include "effectmq.redisName" .) .Release.Namespace }}
+{{- end }}
+
+{{/* The Secret holding the bundled Redis's password and URL: the user's or the generated one. */}}
+{{- define "effectmq.redisSecret" -}}
+{{- default (include "effectmq.redisName" .) .Values.redis.auth.existingSecret }}
+{{- end }}
+
+{{- define "effectmq.redisPasswordKey" -}}
+{{- if .Values.redis.auth.existingSecret }}{{ .Values.redis.auth.existingSecretPasswordKey }}{{ else }}password{{ end }}
+{{- end }}
+
+{{- define "effectmq.redisUrlKey" -}}
+{{- if .Values.redis.auth.existingSecret }}{{ .Values.redis.auth.existingSecretUrlKey }}{{ else }}url{{ end }}
+{{- end }}
+
+{{/* The labels the operator puts on every worker pod (operator/effectmq_operator/builders.py, worker_labels). */}}
+{{- define "effectmq.workerPodLabels" -}}
+app.kubernetes.io/name: effectmq-worker
+app.kubernetes.io/managed-by: effectmq-operator
+{{- end }}
+
+{{/* The release namespace, then watchNamespaces: where the release's worker pods run. */}}
+{{- define "effectmq.workerNamespaces" -}}
+{{- toJson (uniq (prepend .Values.watchNamespaces .Release.Namespace)) }}
+{{- end }}
+
 {{/* repository:tag or repository@digest; pass a dict with "image" and "default" (tag). */}}
 {{- define "effectmq.image" -}}
 {{- if .image.digest }}
@@ -78,7 +107,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-dashboard" (include "effectmq.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* The dashboard's EFFECTMQ_REDIS_URL: a Secret's key, a literal URL, or the bundled Redis. */}}
+{{/* The dashboard's EFFECTMQ_REDIS_URL: a Secret's key, a literal URL, or the bundled Redis
+(its Secret's URL when it has a password: a reference, so the value is in no manifest). */}}
 {{- define "effectmq.dashboardRedisEnv" -}}
 {{- $redis := .Values.dashboard.redis -}}
 - name: EFFECTMQ_REDIS_URL
@@ -89,8 +119,13 @@ app.kubernetes.io/component: {{ .component }}
       key: {{ $redis.existingSecretKey | quote }}
 {{- else if $redis.url }}
   value: {{ $redis.url | quote }}
+{{- else if and .Values.redis.enabled .Values.redis.auth.enabled }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "effectmq.redisSecret" . | quote }}
+      key: {{ include "effectmq.redisUrlKey" . | quote }}
 {{- else if .Values.redis.enabled }}
-  value: {{ printf "redis://%s.%s.svc:6379/0" (include "effectmq.redisName" .) .Release.Namespace | quote }}
+  value: {{ printf "redis://%s/0" (include "effectmq.redisAddress" .) | quote }}
 {{- else }}
 {{- fail "dashboard.enabled needs a Redis: set dashboard.redis.existingSecret (a Secret holding the URL), dashboard.redis.url, or redis.enabled" }}
 {{- end }}
