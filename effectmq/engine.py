@@ -71,6 +71,22 @@ def call_prefix(token: str) -> str:
 LEAD = object()  # what an _Ask's future is given when its caller is to make the next call
 
 
+class LookAgainNow(float):
+    """acquire_many's hint, in place of the seconds until the next delayed task is due, to
+    a caller given fewer leases than it asked for while ready tasks were known (other
+    callers took them first): look again now, do not sleep. A float (0 s), so a caller
+    that only sleeps until the next due task reads it as it reads those seconds."""
+
+    def __new__(cls) -> "LookAgainNow":
+        return super().__new__(cls, 0.0)
+
+    def __repr__(self) -> str:
+        return "LOOK_AGAIN_NOW"
+
+
+LOOK_AGAIN_NOW = LookAgainNow()
+
+
 class _Ask:
     """One acquire_many caller's share of a call made for several (LeaseEngine.acquire_many)."""
 
@@ -301,11 +317,24 @@ class LeaseEngine:
         return receipt, " ".join(earlier)
 
     async def acquire_many(self, count: int, *, lock_timeout: float | None = None) -> tuple[list[Lease], float | None]:
-        """Lease up to `count` ready tasks. A script may touch only the task hashes it
-        declares, so each call leases among ids an earlier reply named (the head of
-        waiting, due delayed tasks) and names the next ones; without any, the first call
-        only learns them. Returns the leases and the seconds until the next delayed task
-        is due (0 when ready tasks are known but were taken meanwhile: look again now)."""
+        """Lease up to `count` ready tasks, in two phases. A script may touch only the task
+        hashes it declares (Redis Cluster routes on them), so a call cannot read the head
+        of waiting and lease it at once: each call leases among the ids it declares (ids
+        an earlier reply named, `learn_ready`'s, due delayed ones) and names the next ones
+        for the next call; a call that knows none only learns them (`_acquire_rounds`).
+
+        What it keeps, the head-of-line property (acquire.lua; test_acquire_order.py):
+        a call's leases are in head order (priority, then FIFO), all in the head's
+        priority band and among the first `window` waiting tasks (ACQUIRE_WINDOW times
+        the ids named per call), and a call leases nothing without the head, the oldest
+        waiting task of the highest priority, unless the head was named to some caller
+        (the last reply's names reach it): that caller may be about to lease it, and the
+        others go on with the tasks after it. So no lease passes a task of higher
+        priority, or one further than `window` from the head, and the head waits only
+        while a caller was told of it.
+
+        Returns the leases and the seconds until the next delayed task is due (None:
+        none), or LOOK_AGAIN_NOW when ready tasks were known but others took them."""
         check_number("count", count, minimum=1, integer=True, allow_none=False)
         lt = self.queue.lock_timeout if lock_timeout is None else lock_timeout
         check_number("lock_timeout", lt, minimum=0.01, allow_none=False)
@@ -370,7 +399,7 @@ class LeaseEngine:
             share, leases = leases[:other.count], leases[other.count:]
             if other is not ask and other.future.done():  # cancelled meanwhile: nobody has these
                 self._forget_leases(share)
-            elif not share and next_due == 0.0 and not other.again:
+            elif not share and isinstance(next_due, LookAgainNow) and not other.again:
                 other.again = True
                 if other is ask:
                     ask.wait()
@@ -424,6 +453,9 @@ class LeaseEngine:
     async def _acquire_once(self, want: int, lt: float,
                             completions: Sequence[protocol.Completion] = (),
                             receipt: tuple[str, str] = ("", "")) -> tuple[protocol.AcquireReply, list[Lease]]:
+        """One acquire call: declare the ids known (the first `want` and a half more, then
+        the due ones), lease among them, and keep the ids its reply names for the next
+        call. A call whose reply is lost may have leased some of them: handed back."""
         if self._lost:  # leases of a call whose reply was lost: back to the queue first
             with contextlib.suppress(RedisUnavailable):  # kept for the next call; this one may still work
                 await self.reclaim_lost()
@@ -487,6 +519,10 @@ class LeaseEngine:
         return len(self._lost)
 
     async def _acquire_rounds(self, count: int, lt: float) -> tuple[list[Lease], float | None]:
+        """Up to ACQUIRE_ROUNDS calls for `count` leases: the first may only learn the ready
+        ids, the next lease them, and more follow while other processes took the ids
+        declared and more are named. LOOK_AGAIN_NOW when it stopped short of `count` with
+        ids still known (or after an error, with the earlier rounds' leases)."""
         self._largest = max(self._largest, count)
         leases: list[Lease] = []
         for _ in range(ACQUIRE_ROUNDS):
@@ -501,14 +537,14 @@ class LeaseEngine:
                     raise
                 # The earlier rounds' leases are the caller's to run; the failed round was
                 # handed back (or is, by the next call), and the next call sees the error again.
-                return leases, 0.0
+                return leases, LOOK_AGAIN_NOW
             leases += got
             if reply.status is not AcquireStatus.OK:
                 break
             if len(leases) >= count or not (self._ready or self._due):
                 break
         if len(leases) < count and reply.status is AcquireStatus.OK and (self._ready or self._due):
-            return leases, 0.0
+            return leases, LOOK_AGAIN_NOW
         return leases, reply.next_due_in
 
     def _forget_leases(self, leases: Sequence[Lease]) -> None:
@@ -544,7 +580,9 @@ class LeaseEngine:
         self._ready = (self._ready + [i for i in fresh if i not in known])[:keep]
 
     def _peek(self) -> int:
-        """How many ids to learn: twice the most leases one call asked for, at least ACQUIRE_PEEK."""
+        """How many ids a reply names (and `learn_ready` keeps): twice the most leases one
+        call asked for, at least ACQUIRE_PEEK; a call may lease among the first
+        ACQUIRE_WINDOW times as many waiting tasks."""
         return min(MAX_ACQUIRE, max(ACQUIRE_PEEK, 2 * self._largest))
 
     async def renew(self, leases: Sequence[Lease]) -> list[bool]:
