@@ -98,12 +98,12 @@ for id, score in pairs(promoted_scores) do
 end
 local band = head_score and (math.floor(head_score / PRIORITY_SPAN) + 1) * PRIORITY_SPAN
 
--- K_PEEKED holds "token_prefix score" of the last waiting id a reply named (the caller
--- is no longer read; it is still written for workers of an older version).
+-- K_PEEKED holds the score of the last waiting id a reply named, after the token prefix
+-- of the caller it was named to, or alone: see where it is written.
 local last = redis.call('GET', K_PEEKED)
 local last_text, last_score  -- the score as Redis wrote it, and as a number
 if last then
-  last_text = string.match(last, '^%S+ (%S+)$')
+  last_text = string.match(last, '^%S+ (%S+)$') or last
   last_score = tonumber(last_text)
 end
 
@@ -223,7 +223,12 @@ if #named < peek then
   for i = 1, #fresh do
     if not listed[fresh[i]] and not (taken and taken[fresh[i]]) and #named < peek then named[#named + 1] = fresh[i] end
   end
-  if #fresh > 0 then  -- a hint: at maxmemory it may be this call's first write, and refused (FIRST_WRITE_FREES)
+  -- A hint: at maxmemory it may be this call's first write, and refused (FIRST_WRITE_FREES).
+  -- The caller's prefix before the score is read by nothing since be069b9, but versions
+  -- before the `or last` above find the score only after a word. Write the score alone
+  -- once none of them shares a queue: from the first release on, or once
+  -- tests/runtime/test_upgrade.py's OLD_VERSION reads it.
+  if #fresh > 0 then
     hint('SET', K_PEEKED, ARGV[3] .. ' ' .. redis.call('ZSCORE', K_WAITING, fresh[#fresh]))
   end
 end

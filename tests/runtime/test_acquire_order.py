@@ -182,3 +182,17 @@ async def test_a_process_that_knows_only_its_own_offers_passes_no_unnamed_head_n
     seen = recorder.check()
     assert seen["head passed over"] >= 1, seen  # "far"'s second call went on past t001, named to `first`
 
+
+async def test_the_last_named_id_is_read_with_or_without_the_word_before_it(make_queue):
+    """`peeked` holds the last named id's score after the token prefix of the caller it was
+    named to, which nothing reads any more; a value of the score alone is read the same,
+    so that a later version may write it so beside this one."""
+    for value in ("a-caller.1 {score}", "{score}"):
+        q = make_queue(f"peeked-{len(value)}")
+        await q.offer_many([("job", i, {"task_id": f"t{i}"}) for i in range(10)])
+        score = int(await q.redis.zscore(q.keys.key("waiting"), "t5"))
+        await q.redis.set(q.keys.key("peeked"), value.format(score=score))
+        # t0, the head, was named (it comes before t5): a caller that declares t3 only may lease it
+        reply = await q.engine.scripts.run(protocol.AcquireArgs(
+            1, 30_000, "test", 10, window=1000, peek=4, candidates=["t3"]))
+        assert [lease.values["id"] for lease in reply.leases] == ["t3"], value

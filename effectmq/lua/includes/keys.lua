@@ -25,8 +25,9 @@ Every script receives the same queue-level KEYS first (all share the queue's has
                        completion that deletes its record is kept in its call's receipt)
   KEYS[15] waiters     zset of task ids somebody waits on (TaskQueue.wait), score = expiry
                        of that interest; a settlement publishes base.."done:"..id only then
-  KEYS[16] peeked      string "token_prefix score": the last waiting id an acquire reply
-                       named, so that the next caller is named the ids after it
+  KEYS[16] peeked      string "token_prefix score" (or "score"): the score of the last
+                       waiting id an acquire reply named, so that the next caller is
+                       named the ids after it (acquire.lua)
 After them (KEYS[17...]) come the task hashes the call touches, then the receipts it
 writes or reads (base.."r:"..receipt, see use_receipts), and a script touches no other
 task hash: every key is declared before the call, as Redis Cluster and proxies that
