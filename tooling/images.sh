@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the project's container images without a Docker daemon or a registry:
 # buildah (chroot isolation, vfs storage) on a Debian bookworm base that
-# debootstrap makes from this machine's Debian mirror. Each image lands in an
+# debootstrap makes from this machine's Debian mirrors. Each image lands in an
 # OCI archive in a per-machine cache outside the repository; archives already
 # built for the same inputs are reused without starting buildah.
 #
@@ -14,20 +14,37 @@
 #   operator  operator/Dockerfile                effectmq-operator:<appVersion>
 #   worker    worker_image/Dockerfile            effectmq-worker:<appVersion>
 #   example   worker_image/example.Dockerfile    the image examples/k8s/queue.yaml names
-#   redis     tooling/images/redis.Dockerfile    values.yaml redis.image (Debian's redis-server)
+#   redis     tooling/images/redis.Dockerfile    values.yaml redis.image: <repository>:<tag or appVersion>
+#             (Debian's redis-server; its package version is the label org.opencontainers.image.version)
+#
+# The base: bookworm minbase plus Python from this machine's bookworm mirror, upgraded
+# from its bookworm-updates and bookworm-security mirrors, which stay in the base's apt
+# sources for the Dockerfiles' apt-get steps (and for images built FROM ours). With no
+# bookworm-security source the build stops, as its images would miss Debian's security
+# fixes; EFFECTMQ_IMAGE_NO_SECURITY=1 builds them anyway, with a warning. Mirror
+# addresses are never printed (output reads <debian-mirror>) and keys hold only hashes.
+#
+# Refresh: the base's key holds a refresh period, by default the ISO week (UTC), so the
+# first run of a week rebuilds the base and every image on it with the week's security
+# fixes, and later runs in the week reuse the archives (no apt, no pip).
+# EFFECTMQ_IMAGE_REFRESH=<word> names the period instead: a new word refreshes now, a
+# kept one keeps the base (e.g. offline). Images carry it as the label effectmq.base.refresh.
 #
 # Cache layout (EFFECTMQ_CACHE defaults to ~/.cache/effectmq):
 #   $EFFECTMQ_CACHE/images/storage/         buildah's storage (vfs) and run root
 #   $EFFECTMQ_CACHE/images/<image>/<key>.tar   the OCI archives
 #   $EFFECTMQ_CACHE/images/current/<image>.tar symlinks to the newest archives
-# <key> hashes the Dockerfile, every file the build copies in, the build args,
-# the image name and the base's key (the example image: the worker's key).
+# <key> hashes the Dockerfile, every file the build copies in, the build args, the
+# image name and the base's key (the example image: the worker's key). The base's key records its inputs: the debootstrap recipe, the
+# mirrors (hashed) and the refresh period. (So our builds pin the base by what made
+# it; the Dockerfiles' PYTHON_IMAGE default is for Docker users, who pin it by digest.)
 #
-# Builds reach PyPI with this machine's CA bundle and pip configuration mounted
-# read-only (never copied into a layer); the base reaches only the Debian mirror
-# of this machine's apt sources, and so do the apt-get steps of the worker image
-# (tini, PID 1 in front of the worker: worker_image/effectmq-pid1.sh) and of the
-# Redis image. Needs root (or sudo) for debootstrap and buildah.
+# Builds reach PyPI with this machine's CA bundle and pip configuration, and the
+# Debian mirrors with its apt settings (a proxy; a snapshot mirror's expired Release
+# files), mounted read-only for the RUN steps, never copied into a layer. The base
+# and the apt-get steps of the worker image (tini, PID 1 in front of the worker:
+# worker_image/effectmq-pid1.sh) and of the Redis image reach only the Debian
+# mirrors of this machine's apt sources. Needs root (or sudo) for debootstrap and buildah.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -47,14 +64,15 @@ mkdir -p "$cache/current"
 
 # --- Names and tags, read from where they are used.
 app_version="$(sed -n 's/^appVersion:[[:space:]]*"\{0,1\}\([^"[:space:]]*\)"\{0,1\}.*/\1/p' charts/effectmq/Chart.yaml)"
-redis_ref="$(awk '
+# values.yaml redis.image: an empty tag is the chart's appVersion (as for the operator image)
+redis_ref="$(awk -v app_version="$app_version" '
     /^redis:/ {in_redis=1; next}
     in_redis && /^[^[:space:]#]/ {in_redis=0}
     in_redis && /^  image:/ {in_image=1; next}
     in_image && /^  [^[:space:]]/ {in_image=0}
     in_image && $1 == "repository:" {repo=$2}
     in_image && $1 == "tag:" {tag=$2}
-    END {gsub(/"/, "", repo); gsub(/"/, "", tag); print repo ":" tag}' charts/effectmq/values.yaml)"
+    END {gsub(/"/, "", repo); gsub(/"/, "", tag); print repo ":" (tag == "" ? app_version : tag)}' charts/effectmq/values.yaml)"
 example_ref="$(awk '$1 == "image:" {gsub(/"/, "", $2); print $2; exit}' examples/k8s/queue.yaml)"
 declare -A ref=(
     [operator]="effectmq-operator:$app_version"
@@ -82,22 +100,54 @@ hash_files() { # paths... -> one line per file: path and content hash
         | LC_ALL=C sort | while read -r f; do printf '%s  ' "$f"; sha256sum <"$f"; done
 }
 
-# --- The base: Debian bookworm, minbase plus Python, from this machine's mirror.
-# (Only the mirror's hash goes into keys and logs, never its address.)
-mirror="$(
-    {
-        for f in /etc/apt/sources.list.d/*.sources; do
-            [ -f "$f" ] && awk 'BEGIN{RS=""} /Suites:[^\n]*bookworm([[:space:]]|$)/ && /Types:[^\n]*deb([[:space:]]|$)/ {
-                if (match($0, /URIs:[[:space:]]*[^[:space:]]+/)) { s=substr($0, RSTART, RLENGTH); sub(/URIs:[[:space:]]*/, "", s); print s } }' "$f"
-        done
-        cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
-            | awk '$1 == "deb" { i=2; if ($i ~ /^\[/) { while ($i !~ /\]$/) i++; i++ } if ($(i+1) == "bookworm") print $i }'
-    } | grep -v -- '-security' | head -n1 || true
-)"
-masked() { if [ -n "$mirror" ]; then sed "s|$mirror|<debian-mirror>|g"; else cat; fi; }
+# --- The base: Debian bookworm, minbase plus Python, from this machine's mirrors.
+# (Only the mirrors' hashes go into keys, and logs mask their addresses.)
+apt_sources() { # -> "<suite> <uri>" for each deb source of this machine (one-line and deb822 files)
+    cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
+        | awk '$1 == "deb" { i=2; if ($i ~ /^\[/) { while ($i !~ /\]$/) i++; i++ } print $(i+1), $i }'
+    local f
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [ -f "$f" ] || continue
+        awk 'BEGIN {RS=""} {
+            types = ""; uri = ""; suites = ""; enabled = "yes"
+            n = split($0, lines, "\n")
+            for (i = 1; i <= n; i++) {
+                if (lines[i] ~ /^[[:space:]]*#/ || lines[i] !~ /:/) continue
+                key = tolower(substr(lines[i], 1, index(lines[i], ":") - 1))
+                value = substr(lines[i], index(lines[i], ":") + 1)
+                if (key == "types") types = value
+                else if (key == "uris") { split(value, uris, " "); uri = uris[1] }
+                else if (key == "suites") suites = value
+                else if (key == "enabled") enabled = tolower(value)
+            }
+            if (enabled ~ /no/ || (" " types " ") !~ /[[:space:]]deb[[:space:]]/ || uri == "") next
+            m = split(suites, each, " ")
+            for (j = 1; j <= m; j++) if (each[j] != "") print each[j], uri
+        }' "$f"
+    done
+}
+machine_sources="$(apt_sources)"
+mirror_of() { awk -v suite="$1" '$1 == suite {print $2; exit}' <<<"$machine_sources"; }
+mirror="$(mirror_of bookworm)"
+updates_mirror="$(mirror_of bookworm-updates)"
+security_mirror="$(mirror_of bookworm-security)"
+mirror_strings() { # the mirrors' addresses and host names, longest first
+    printf '%s\n' "$mirror" "$updates_mirror" "$security_mirror" \
+        | awk 'NF { print; host = $0; sub(/^[a-z+]*:\/\//, "", host); sub(/[\/:].*/, "", host); print host }' \
+        | LC_ALL=C sort -u | awk '{ print length($0), $0 }' | LC_ALL=C sort -k1,1nr | cut -d' ' -f2-
+}
+masked() { # stdin -> stdout, with every mirror address and host name replaced
+    awk -v list="$(mirror_strings)" '
+        BEGIN { n = split(list, find, "\n") }
+        { for (i = 1; i <= n; i++) if (find[i] != "") while ((p = index($0, find[i])) > 0)
+              $0 = substr($0, 1, p - 1) "<debian-mirror>" substr($0, p + length(find[i]))
+          print }'
+}
+refresh="${EFFECTMQ_IMAGE_REFRESH:-$(date -u +%G-W%V)}"
 base_packages="python3,python3-venv,python-is-python3,ca-certificates"
-base_key="$(printf 'debootstrap --variant=minbase --include=%s bookworm\nmirror=%s\nrecipe=2\n' \
-    "$base_packages" "$(printf '%s' "$mirror" | sha256sum | cut -c1-16)" | sha256sum | cut -c1-16)"
+base_key="$(printf 'debootstrap --variant=minbase --include=%s bookworm\nmirrors=%s\nrefresh=%s\nrecipe=3\n' \
+    "$base_packages" "$(printf '%s|%s|%s' "$mirror" "$updates_mirror" "$security_mirror" | sha256sum | cut -c1-16)" \
+    "$refresh" | sha256sum | cut -c1-16)"
 base_image="localhost/effectmq-base:$base_key"
 
 compute_key() { # image -> key
@@ -132,6 +182,16 @@ if [ "$need_build" = 1 ]; then
     apt_install_missing buildah=/usr/bin/buildah debootstrap=/usr/sbin/debootstrap runc=/usr/sbin/runc \
         containernetworking-plugins=/usr/lib/cni/bridge
     [ "$(id -u)" = 0 ] || { say "needs root (debootstrap, buildah with chroot isolation)"; exit 1; }
+    [ -n "$mirror" ] || { say "no Debian bookworm source in this machine's apt sources (/etc/apt/sources.list*)"; exit 1; }
+    if [ -z "$security_mirror" ]; then
+        if [ "${EFFECTMQ_IMAGE_NO_SECURITY:-}" != 1 ]; then
+            say "no bookworm-security source in this machine's apt sources: the images would miss Debian's security fixes."
+            say "Add one (e.g. to /etc/apt/sources.list.d/debian.sources), or set EFFECTMQ_IMAGE_NO_SECURITY=1 to build without them."
+            exit 1
+        fi
+        say "WARNING: EFFECTMQ_IMAGE_NO_SECURITY=1 and no bookworm-security source: these images miss Debian's security fixes"
+    fi
+    [ -n "$updates_mirror" ] || say "no bookworm-updates source in this machine's apt sources: the base goes without it"
 
     # One builder at a time (a second caller waits, then finds the archives).
     exec 9>"$cache/.lock"
@@ -168,14 +228,26 @@ if [ "$need_build" = 1 ]; then
         } >"$pip_conf.tmp"
         mv -f "$pip_conf.tmp" "$pip_conf"
     )
+    # 3. Build-time access to the Debian mirrors: this machine's apt settings that
+    #    decide whether they answer (a proxy; Release files of a snapshot mirror are
+    #    past their Valid-Until), mounted over an empty file of the base for RUN steps.
+    mkdir -p "$cache/build-apt"
+    apt_conf="$cache/build-apt/apt.conf"
+    (
+        umask 077
+        apt-config dump 2>/dev/null \
+            | grep -E '^Acquire::(Check-Valid-Until|Check-Date|Max-FutureTime|https?::Proxy)( |::)' >"$apt_conf.tmp" || true
+        mv -f "$apt_conf.tmp" "$apt_conf"
+    )
+    apt_settings_in_image=/etc/apt/apt.conf.d/99effectmq-build
     build_volumes=(--volume "$ca_bundle:/etc/ssl/certs/ca-certificates.crt:ro"
-                   --volume "$cache/build-pip:/etc/xdg/pip:ro")
+                   --volume "$cache/build-pip:/etc/xdg/pip:ro"
+                   --volume "$apt_conf:$apt_settings_in_image:ro")
 
     have_image() { bah inspect --type image "$1" >/dev/null 2>&1; }
 
     ensure_base() {
         have_image "$base_image" && return 0
-        [ -n "$mirror" ] || { say "no Debian bookworm mirror in this machine's apt sources"; exit 1; }
         local tmp ctr mnt start=$SECONDS
         tmp="$(mktemp -d "$cache/tmp.XXXXXX")"
         say "debootstrap bookworm (minbase + $base_packages) ..."
@@ -183,21 +255,50 @@ if [ "$need_build" = 1 ]; then
             >"$tmp/debootstrap.log" 2>&1 || { tail -n 20 "$tmp/debootstrap.log" | masked >&2; exit 1; }
         rm -rf "$tmp/rootfs"/var/cache/apt/archives/*.deb "$tmp/rootfs"/var/lib/apt/lists/* \
                "$tmp/rootfs"/var/log/* "$tmp/rootfs"/debootstrap
+        # The base's sources: what upgrades it now, and what the Dockerfiles install from.
+        {
+            echo "deb $mirror bookworm main"
+            [ -z "$updates_mirror" ] || echo "deb $updates_mirror bookworm-updates main"
+            [ -z "$security_mirror" ] || echo "deb $security_mirror bookworm-security main"
+        } >"$tmp/rootfs/etc/apt/sources.list"
+        # Empty files that builds mount settings on (a mount on a path missing from
+        # the image would leave its mountpoint in the layer).
+        mkdir -p "$tmp/rootfs/etc/xdg/pip"
+        : >"$tmp/rootfs$apt_settings_in_image"
         ctr="$(bah from --signature-policy "$policy" scratch)"
         mnt="$(bah mount "$ctr")"
         tar -C "$tmp/rootfs" -cf - . | tar -C "$mnt" -xpf - --numeric-owner
-        # An empty directory that builds mount the pip settings on: a mount on a
-        # path missing from the image would leave its mountpoint in the layer.
-        mkdir -p "$mnt/etc/xdg/pip"
         bah umount "$ctr" >/dev/null
+        say "upgrading the base from bookworm-updates and bookworm-security ..."
+        # (Not this machine's CA bundle mounted over the base's: ca-certificates upgrades it.)
+        bah run --isolation chroot --volume "$apt_conf:$apt_settings_in_image:ro" "$ctr" -- sh -ec '
+            export DEBIAN_FRONTEND=noninteractive
+            apt-get update -qq
+            apt-get upgrade -y -qq -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold
+            apt-get clean
+            rm -rf /var/lib/apt/lists/* /var/log/apt /var/log/dpkg.log /var/cache/debconf/*-old' \
+            >"$tmp/upgrade.log" 2>&1 || { tail -n 30 "$tmp/upgrade.log" | masked >&2; say "upgrading the base failed"; exit 1; }
         bah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
             --env LANG=C.UTF-8 --cmd /bin/bash \
             --label org.opencontainers.image.title=effectmq-base \
-            --label org.opencontainers.image.description="Debian bookworm minbase with python3, for tooling/images.sh" \
+            --label org.opencontainers.image.description="Debian bookworm minbase with python3 and the security suite's fixes, for tooling/images.sh" \
+            --label "effectmq.base.refresh=$refresh" \
             "$ctr"
         bah commit --quiet --rm "$ctr" "$base_image" >/dev/null
         rm -rf "$tmp"
         say "base $base_image in $((SECONDS - start))s"
+    }
+
+    # The Redis image says which Debian package it holds (its name cannot: values.yaml names it).
+    label_redis_version() { # tag
+        local ctr mnt version
+        ctr="$(bah from --pull=never --signature-policy "$policy" "$1")"
+        mnt="$(bah mount "$ctr")"
+        version="$(dpkg-query --admindir="$mnt/var/lib/dpkg" -W -f='${Version}' redis-server)"
+        bah umount "$ctr" >/dev/null
+        bah config --label "org.opencontainers.image.version=$version" "$ctr"
+        bah commit --quiet --rm "$ctr" "$1" >/dev/null
+        say "redis image holds Debian's redis-server $version"
     }
 
     # Make sure an already-archived image is in storage too (the example builds FROM it).
@@ -229,6 +330,7 @@ if [ "$need_build" = 1 ]; then
             --ignorefile "${dockerfile[$image]}.dockerignore" \
             -f "${dockerfile[$image]}" -t "$tag" . >/dev/null 2>"$cache/$image.build.log" \
             || { tail -n 30 "$cache/$image.build.log" | masked >&2; say "building $image failed (log: $cache/$image.build.log)"; exit 1; }
+        [ "$image" != redis ] || label_redis_version "$tag"
         mkdir -p "$cache/$image"
         rm -f "$archive.tmp"
         bah push --quiet --signature-policy "$policy" "$tag" "oci-archive:$archive.tmp:${ref[$image]}" >&2

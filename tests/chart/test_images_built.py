@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -49,7 +50,7 @@ def expected_names() -> dict[str, str]:
         "operator": f"{values['image']['repository']}:{operator_tag}",
         "worker": f"effectmq-worker:{chart['appVersion']}",
         "example": queue["spec"]["worker"]["image"],
-        "redis": f"{values['redis']['image']['repository']}:{values['redis']['image']['tag']}",
+        "redis": f"{values['redis']['image']['repository']}:{values['redis']['image']['tag'] or chart['appVersion']}",
     }
 
 
@@ -243,6 +244,122 @@ def test_redis_image_serves_the_chart(buildah, containers):
     assert run_ok(buildah, container, "id", "-u").strip() == "999"
     # /data (the chart's volume) is the redis user's
     assert (rootfs / "data").stat().st_uid == 999
+
+
+# --------------------------------------------------------------------------
+# Security fixes and pinned Python dependencies (issue 36, findings 3 and 13)
+
+# The first bookworm build of redis-server with the fix for CVE-2025-49844 (Lua
+# use-after-free, remote code execution); later fixes come from bookworm-security.
+REDIS_FIXED = "5:7.0.15-1~deb12u6"
+BASE_REFRESH_LABEL = "effectmq.base.refresh"
+BUILD_APT_SETTINGS = "etc/apt/apt.conf.d/99effectmq-build"
+
+
+def dpkg_version(rootfs: Path, package: str) -> str:
+    """The version of a package installed in an image, from the image's dpkg status."""
+    result = subprocess.run(["dpkg-query", f"--admindir={rootfs}/var/lib/dpkg", "-W", "-f=${Version}", package],
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout, f"{package} is not installed: {result.stderr}"
+    return result.stdout
+
+
+def at_least(version: str, floor: str) -> bool:
+    return subprocess.run(["dpkg", "--compare-versions", version, "ge", floor]).returncode == 0
+
+
+def apt_suites(root: Path) -> set[str]:
+    """The suites of the `deb` sources under <root>/etc/apt (one-line and deb822 files)."""
+    suites: set[str] = set()
+    etc = root / "etc/apt"
+    for path in [etc / "sources.list", *sorted(etc.glob("sources.list.d/*.list"))]:
+        for line in path.read_text().splitlines() if path.is_file() else []:
+            words = re.sub(r"\[[^]]*\]", "", line.split("#", 1)[0]).split()
+            if words[:1] == ["deb"] and len(words) >= 3:
+                suites.add(words[2])
+    for path in sorted(etc.glob("sources.list.d/*.sources")):
+        for stanza in re.split(r"\n\s*\n", path.read_text()):
+            fields = dict(re.findall(r"^(\w[\w-]*):[ \t]*(.*)$", stanza, re.M))
+            fields = {k.lower(): v for k, v in fields.items()}
+            if "deb" in fields.get("types", "").split() and fields.get("enabled", "yes").lower() != "no":
+                suites.update(fields.get("suites", "").split())
+    return suites
+
+
+def security_suite_version(package: str) -> str | None:
+    """The newest version of a package in this machine's bookworm-security lists."""
+    result = subprocess.run(["apt-cache", "madison", package], capture_output=True, text=True)
+    versions = [fields[1].strip() for fields in (line.split("|") for line in result.stdout.splitlines())
+                if len(fields) == 3 and " bookworm-security/" in fields[2]]
+    newest = None
+    for version in versions:
+        newest = version if newest is None or at_least(version, newest) else newest
+    return newest
+
+
+def test_redis_image_has_the_security_suites_fix(image_archives, containers):
+    """Must show 3, the image side: the bundled Redis is Debian's redis-server with
+    the fix for CVE-2025-49844 (from 5:7.0.15-1~deb12u6), and with the newer fixes
+    only bookworm-security has (this machine's lists say which version that is);
+    the image says which package version it holds. (Before, the base had no
+    security suite: the image held the main suite's deb12u7, named redis:7.4.2.)"""
+    _, rootfs = containers["redis"]
+    version = dpkg_version(rootfs, "redis-server")
+    assert at_least(version, REDIS_FIXED), f"redis-server {version} predates {REDIS_FIXED} (CVE-2025-49844)"
+    security = security_suite_version("redis-server")
+    assert security is None or at_least(version, security), (
+        f"redis-server {version} in the image, {security} in bookworm-security: the image misses security fixes "
+        "(a base refreshed before they came out? EFFECTMQ_IMAGE_REFRESH=<new value> rebuilds it)")
+    assert dpkg_version(rootfs, "redis-tools") == version
+    labels = read_archive(image_archives["redis"])[2]["config"].get("Labels") or {}
+    assert labels.get("org.opencontainers.image.version") == version, labels
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_images_apt_sources_include_the_security_suite(containers, name):
+    """The base's apt sources (what the Dockerfiles' apt-get steps and users' FROM
+    builds install from) have bookworm-security, and bookworm-updates when this
+    machine has it."""
+    _, rootfs = containers[name]
+    suites = apt_suites(rootfs)
+    wanted = {"bookworm", "bookworm-security"} | ({"bookworm-updates"} & apt_suites(Path("/")))
+    assert wanted <= suites, f"{name}: the image's apt suites are {sorted(suites)}, not {sorted(wanted)}"
+
+
+def current_refresh_period() -> str:
+    """tooling/images.sh: EFFECTMQ_IMAGE_REFRESH, or the ISO week (UTC)."""
+    return os.environ.get("EFFECTMQ_IMAGE_REFRESH") or time.strftime("%G-W%V", time.gmtime())
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_images_base_is_of_this_refresh_period(image_archives, name):
+    """The base is rebuilt (and upgraded from the security suite) every ISO week, so
+    no image built from it is older than a week's security fixes. (Before, its key
+    never changed: the first base built was kept forever.)"""
+    labels = read_archive(image_archives[name])[2]["config"].get("Labels") or {}
+    assert labels.get(BASE_REFRESH_LABEL) == current_refresh_period(), labels
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_no_build_apt_settings_in_filesystem(containers, name):
+    """Builds reach this machine's mirrors with its apt settings (a proxy; a
+    snapshot mirror's expired Release files) mounted over an empty file: the
+    image keeps the empty file, never the settings."""
+    _, rootfs = containers[name]
+    settings = rootfs / BUILD_APT_SETTINGS
+    assert not settings.exists() or settings.stat().st_size == 0, f"{name}: /{BUILD_APT_SETTINGS} is not empty"
+
+
+def test_a_second_run_in_the_period_reuses_the_archive(image_archives):
+    """Warm runs stay fast: within a refresh period the base's key holds, so nothing is
+    rebuilt (no apt). (The Redis image: its inputs are not the Python sources, which
+    may change under a test run in a shared checkout.)"""
+    start = time.monotonic()
+    result = subprocess.run(["bash", str(SCRIPT), "redis"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.splitlines() == ["[images.sh] redis present"], result.stderr
+    assert result.stdout.splitlines()[0] == str(image_archives["redis"].resolve())
+    assert time.monotonic() - start < 120
 
 
 # --------------------------------------------------------------------------
