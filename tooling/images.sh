@@ -34,8 +34,9 @@
 #   $EFFECTMQ_CACHE/images/storage/         buildah's storage (vfs) and run root
 #   $EFFECTMQ_CACHE/images/<image>/<key>.tar   the OCI archives
 #   $EFFECTMQ_CACHE/images/current/<image>.tar symlinks to the newest archives
-# <key> hashes the Dockerfile, every file the build copies in, the build args, the
-# image name and the base's key (the example image: the worker's key). The base's key records its inputs: the debootstrap recipe, the
+# <key> hashes the Dockerfile, every file the build copies in (the Python lock files
+# too), the build args, the image name and the base's key (the example image: the
+# worker's key). The base's key records its inputs: the debootstrap recipe, the
 # mirrors (hashed) and the refresh period. (So our builds pin the base by what made
 # it; the Dockerfiles' PYTHON_IMAGE default is for Docker users, who pin it by digest.)
 #
@@ -89,8 +90,8 @@ declare -A dockerfile=(
 # What each build copies from the repository (its COPY lines; the ignore files
 # drop __pycache__ and *.pyc, and so does the hash).
 declare -A inputs=(
-    [operator]="pyproject.toml README.md LICENSE effectmq operator/effectmq_operator operator/Dockerfile.dockerignore"
-    [worker]="pyproject.toml README.md LICENSE effectmq operator/effectmq_operator worker_image/effectmq-pid1.sh worker_image/Dockerfile.dockerignore"
+    [operator]="operator/requirements.lock pyproject.toml README.md LICENSE effectmq operator/effectmq_operator operator/Dockerfile.dockerignore"
+    [worker]="worker_image/requirements.lock pyproject.toml README.md LICENSE effectmq operator/effectmq_operator worker_image/effectmq-pid1.sh worker_image/Dockerfile.dockerignore"
     [example]="examples/shop worker_image/example.Dockerfile.dockerignore"
     [redis]="tooling/images/redis.Dockerfile.dockerignore"
 )

@@ -1,6 +1,7 @@
 """A small Dockerfile reader: enough to take the instructions the tests check
-(FROM stages, ARG defaults, ENV, COPY, USER, WORKDIR, ENTRYPOINT, CMD) straight
-from the files that would be built, instead of repeating them in the tests."""
+(FROM stages, ARG defaults, ENV, COPY, USER, WORKDIR, ENTRYPOINT, CMD, the commands
+of RUN) straight from the files that would be built, instead of repeating them in
+the tests; and a reader of the pip lock files the Dockerfiles install."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 
 @dataclass
@@ -81,6 +85,10 @@ class Dockerfile:
                 env[key] = self.substitute(value, args)
         return env
 
+    def commands(self, stage: Stage) -> list[list[str]]:
+        """The commands of a stage's RUN instructions (shell form, split at `&&`), as words."""
+        return [shlex.split(part) for instr in stage.all("RUN") for part in instr.args.split("&&") if part.strip()]
+
     def copies(self, stage: Stage) -> list[tuple[list[str], str]]:
         """(sources, destination) of each COPY from the build context (not --from)."""
         result = []
@@ -126,3 +134,37 @@ def parse(path: Path) -> Dockerfile:
         else:
             stages[-1].instructions.append(Instruction(keyword, args, number))
     return Dockerfile(path, global_args, stages)
+
+
+# The lock each image's build stage installs (tooling/lock.sh writes them), and the
+# extras of effectmq it holds the dependencies of.
+LOCKS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "operator": ("operator/requirements.lock", ("operator", "dashboard")),
+    "worker": ("worker_image/requirements.lock", ()),
+}
+
+
+@dataclass
+class Pin:
+    requirement: Requirement
+    hashes: list[str]
+
+    @property
+    def version(self) -> str:
+        (spec,) = self.requirement.specifier  # pip-compile pins each with exactly one `==`
+        return spec.version
+
+
+def read_lock(path: Path) -> dict[str, Pin]:
+    """A pip-compile --generate-hashes file: canonical name -> its pin and hashes.
+    Option lines (an index, find-links, a trusted host) are refused: a lock names
+    packages only, and the index comes from the build's pip settings."""
+    pins: dict[str, Pin] = {}
+    for line in path.read_text().replace("\\\n", " ").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        assert not line.startswith("-"), f"{path.name}: option line {line.split()[0]!r} in a lock"
+        requirement = Requirement(line.split("--hash=", 1)[0].strip())
+        pins[canonicalize_name(requirement.name)] = Pin(requirement, re.findall(r"--hash=(\S+)", line))
+    return pins

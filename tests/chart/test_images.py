@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import posixpath
 import re
 import shutil
 import subprocess
@@ -20,6 +21,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 import effectmq
 from tests.chart import dockerfile
@@ -139,6 +142,111 @@ def test_worker_image_runs_effectmq_under_tini_as_pid1():
 
 
 # --------------------------------------------------------------------------
+# Python dependencies pinned with hashes (issue 36, finding 13)
+
+LOCKED = {OPERATOR: "operator", WORKER: "worker"}  # Dockerfile -> image (dockerfile.LOCKS)
+LOCK_COMMAND = "bash tooling/lock.sh"
+IMAGES_SH = ROOT / "tooling" / "images.sh"
+
+
+def pyproject_requirements(extras: tuple[str, ...]) -> list[Requirement]:
+    """What installing effectmq[extras] from source needs: its build backend, its
+    dependencies and those of the extras (markers evaluated for this platform)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    texts = [*project["build-system"]["requires"], *project["project"]["dependencies"]]
+    for extra in extras:
+        texts += project["project"]["optional-dependencies"][extra]
+    requirements = [Requirement(t) for t in texts]
+    return [r for r in requirements if r.marker is None or r.marker.evaluate({"extra": ""})]
+
+
+@pytest.mark.parametrize("path", list(LOCKED), ids=rel)
+def test_lock_pins_every_dependency_with_hashes(path):
+    """Every dependency of the image's extras (and the build backend) is pinned `==`
+    to a version pyproject.toml allows, with sha256 hashes; the lock was made by
+    tooling/lock.sh for the images' Python (Debian bookworm's python3, 3.11)."""
+    lock, extras = dockerfile.LOCKS[LOCKED[path]]
+    lock = ROOT / lock
+    assert lock.is_file(), f"{rel(lock)} is missing: `{LOCK_COMMAND}` writes it"
+    header = lock.read_text()[:400]
+    assert "pip-compile with Python 3.11" in header and LOCK_COMMAND in header, f"{rel(lock)}: not from {LOCK_COMMAND}"
+    pins = dockerfile.read_lock(lock)
+    for name, pin in pins.items():
+        assert len(pin.requirement.specifier) == 1 and str(pin.requirement.specifier).startswith("=="), (
+            f"{rel(lock)}: {pin.requirement} is not pinned with ==")
+        assert pin.hashes and all(re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in pin.hashes), f"{rel(lock)}: {name}"
+    for requirement in pyproject_requirements(extras):
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"{rel(lock)} does not pin {requirement} (run `{LOCK_COMMAND}`)"
+        assert requirement.specifier.contains(pins[name].version, prereleases=True), (
+            f"{rel(lock)} pins {name}=={pins[name].version}, pyproject.toml asks {requirement} (run `{LOCK_COMMAND}`)")
+
+
+def in_image(workdir: str, path: str) -> str:
+    """A path of a build step, relative ones taken from the stage's WORKDIR."""
+    return posixpath.normpath(posixpath.join(workdir, path))
+
+
+def pip_installs(df: dockerfile.Dockerfile, stage: dockerfile.Stage) -> list[list[str]]:
+    return [c for c in df.commands(stage) if c[:1] and c[0].endswith("/pip") and c[1:2] == ["install"]]
+
+
+@pytest.mark.parametrize("path", list(LOCKED), ids=rel)
+def test_dockerfile_installs_only_the_hashed_lock_then_effectmq_offline(path):
+    """The build stage installs the lock with --require-hashes --no-deps, then
+    effectmq itself with --no-deps from the source, offline (--no-index, with the
+    locked build backend: --no-build-isolation), and `pip check` proves the lock
+    held every dependency: nothing reaches the image unhashed."""
+    lock = ROOT / dockerfile.LOCKS[LOCKED[path]][0]
+    df = dockerfile.parse(path)
+    build = df.stage("build")
+    workdir = build.last("WORKDIR").args
+    copied = {source: dest for sources, dest in df.copies(build) for source in sources}
+    assert rel(lock) in copied, f"{rel(path)} does not COPY {rel(lock)}"
+    dest = copied[rel(lock)]
+    lock_in_image = in_image(workdir, dest + lock.name if dest.endswith("/") else dest)
+    installs = pip_installs(df, build)
+    from_lock = [c for c in installs if "-r" in c or "--requirement" in c]
+    assert len(from_lock) == 1, f"{rel(path)}: one pip install -r <lock>, not {from_lock}"
+    (command,) = from_lock
+    option = "-r" if "-r" in command else "--requirement"
+    assert in_image(workdir, command[command.index(option) + 1]) == lock_in_image, command
+    assert {"--require-hashes", "--no-deps"} <= set(command), command
+    for other in installs:
+        if other is not command:
+            assert {"--no-deps", "--no-index", "--no-build-isolation"} <= set(other), (
+                f"{rel(path)}: {' '.join(other)} could fetch something the lock does not hash")
+    checks = [c for c in df.commands(build) if c[:1] and c[0].endswith("/pip") and c[1:2] == ["check"]]
+    assert checks, f"{rel(path)}: no `pip check` after the installs"
+    ignore = path.with_name(path.name + ".dockerignore").read_text().splitlines()
+    assert f"!{rel(lock)}" in ignore, f"{path.name}.dockerignore does not send {rel(lock)}"
+
+
+def images_sh_table(name: str) -> dict[str, str]:
+    """A `declare -A <name>=( [key]=value ... )` table of tooling/images.sh."""
+    block = re.search(rf"^declare -A {name}=\((.*?)^\)", IMAGES_SH.read_text(), re.S | re.M)
+    assert block, f"tooling/images.sh has no table {name}"
+    return {key: value.strip('"') for key, value in re.findall(r'\[(\w+)\]=("[^"]*"|\S+)', block.group(1))}
+
+
+def test_images_sh_hashes_every_file_a_build_copies():
+    """An archive is reused while its key stays the same: the key must hash every
+    file the build copies from the repository (a new lock must rebuild the image)
+    and the ignore file that filters them."""
+    dockerfiles, inputs = images_sh_table("dockerfile"), images_sh_table("inputs")
+    assert set(dockerfiles) == set(inputs)
+    for image, path in dockerfiles.items():
+        df = dockerfile.parse(ROOT / path)
+        hashed = inputs[image].split()
+        covered = lambda source: any(source.rstrip("/") == h or source.startswith(h.rstrip("/") + "/") for h in hashed)
+        assert covered(f"{path}.dockerignore"), f"tooling/images.sh inputs[{image}] lacks {path}.dockerignore"
+        for stage in df.stages:
+            for sources, _ in df.copies(stage):
+                for source in sources:
+                    assert covered(source), f"tooling/images.sh inputs[{image}] does not hash {source} ({path} copies it)"
+
+
+# --------------------------------------------------------------------------
 # Must show 4: the worker image's entrypoint processes the example tasks
 
 
@@ -186,9 +294,9 @@ def build_worker_image(root: Path) -> tuple[ImageRoot, dict[str, str]]:
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, target)
-    # RUN <venv>/bin/pip install "<spec>"
-    pip_run = next(i for i in build.all("RUN") if "pip install" in i.args)
-    spec = worker.substitute(re.search(r'"([^"]+)"', pip_run.args).group(1), worker.stage_args(build))
+    # RUN <venv>/bin/pip install ... <source dir> (the locked dependencies: this interpreter's)
+    (project,) = [c for c in pip_installs(worker, build) if "-r" not in c]
+    spec = worker.substitute(project[-1], worker.stage_args(build))
     result = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps",
                              "--no-build-isolation", "--no-index", str(image.host(spec))],
                             capture_output=True, text=True, timeout=300)

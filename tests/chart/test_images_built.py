@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 import effectmq
+from tests.chart import dockerfile
 from tests.fixtures.kube import unavailable
 from tests.support.processes import ROOT
 
@@ -348,6 +349,50 @@ def test_no_build_apt_settings_in_filesystem(containers, name):
     _, rootfs = containers[name]
     settings = rootfs / BUILD_APT_SETTINGS
     assert not settings.exists() or settings.stat().st_size == 0, f"{name}: /{BUILD_APT_SETTINGS} is not empty"
+
+
+# Run by the image's Python: every distribution installed, and every requirement of
+# effectmq[extras...] (extras of dependencies followed too) that is not met.
+CLOSURE_PROBE = r"""
+import json, sys
+import importlib.metadata as md
+from pip._vendor.packaging.requirements import Requirement
+from pip._vendor.packaging.utils import canonicalize_name
+installed = {canonicalize_name(d.metadata["Name"]): d.version for d in md.distributions()}
+unmet, seen, todo = [], set(), [("effectmq", frozenset(sys.argv[1:]))]
+while todo:
+    name, extras = todo.pop()
+    if (name, extras) in seen:
+        continue
+    seen.add((name, extras))
+    for text in md.requires(name) or []:
+        req = Requirement(text)
+        if req.marker and not any(req.marker.evaluate({"extra": e}) for e in extras | {""}):
+            continue
+        key = canonicalize_name(req.name)
+        if key not in installed or not req.specifier.contains(installed[key], prereleases=True):
+            unmet.append(f"{name}: {text} (installed: {installed.get(key)})")
+        else:
+            todo.append((key, frozenset(req.extras)))
+print(json.dumps({"python": sys.version.split()[0], "installed": installed, "unmet": unmet}))
+"""
+
+
+@pytest.mark.parametrize("name", ["operator", "worker"])
+def test_python_images_hold_exactly_the_locked_packages(buildah, containers, name):
+    """Finding 13: what pip installed in the image is the lock, version for version
+    (plus effectmq and the venv's pip), and it meets every requirement of effectmq
+    and its extras, the extras of dependencies included (`pip check` does not
+    follow those, e.g. redis[hiredis])."""
+    lock, extras = dockerfile.LOCKS[name]
+    container, _ = containers[name]
+    probe = json.loads(run_ok(buildah, container, "python", "-c", CLOSURE_PROBE, *extras))
+    assert probe["python"].startswith("3.11."), f"the lock is for Python 3.11, the image has {probe['python']}"
+    assert not probe["unmet"], f"{name}: unmet requirements: {probe['unmet']}"
+    locked = {n: pin.version for n, pin in dockerfile.read_lock(ROOT / lock).items()}
+    installed = {n: v for n, v in probe["installed"].items() if n not in ("effectmq", "pip")}
+    assert installed == locked, {n: (installed.get(n), locked.get(n)) for n in installed.keys() | locked.keys()
+                                 if installed.get(n) != locked.get(n)}
 
 
 def test_a_second_run_in_the_period_reuses_the_archive(image_archives):
