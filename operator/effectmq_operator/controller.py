@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import effectmq
 from kubernetes.client.rest import ApiException
@@ -65,7 +65,7 @@ class QueueRuntime:
 
 
 class QueueController:
-    def __init__(self, kube: Kube, connections: Connections, *, namespaces: list[str] = (),
+    def __init__(self, kube: Kube, connections: Connections, *, namespaces: Sequence[str] = (),
                  clock: Callable[[], float] = time.time, concurrency: int = RECONCILES_AT_ONCE, deadline: float = 20.0,
                  relist_every: float = 60.0):
         self.kube = kube
@@ -213,7 +213,7 @@ class QueueController:
                 decision = control.scale(spec, stats, workers, replicas, state, self.clock())
                 rt.scaling, replicas_before, replicas = decision.state, replicas, decision.replicas
             desired = builders.worker_deployment(namespace, name, spec, replicas, owner=body)
-            if not control.needs_apply(live, desired, rt.applied_generation):
+            if live is not None and not control.needs_apply(live, desired, rt.applied_generation):
                 rt.applied_generation = live["metadata"].get("generation")  # as we want it: adopt it
             else:
                 if live is not None and current is not None and replicas < current:

@@ -32,7 +32,7 @@ try:  # kopf's internals that Watches wraps and calls (where kopf 1.37 to 1.45 h
     from kopf._cogs.clients import errors as kopf_errors
     from kopf._core.reactor import queueing as kopf_queueing
 except ImportError:  # a kopf that moved them: Watches.install() says it cannot guard the watches
-    kopf_api = kopf_errors = kopf_queueing = None
+    kopf_api = kopf_errors = kopf_queueing = None  # type: ignore[assignment]
 
 SHUTDOWN_STEP = 2.0  # seconds each shutdown step may take: SIGTERM to exit stays within a few seconds
 LOOP_BLOCK_WARNING = 3.0  # seconds the loop may not run before the log says where it is stuck (Lease: 15 s)
@@ -151,7 +151,8 @@ class Watches:
         async def watcher(*, resource, namespace, settings, **kwargs) -> None:
             await self._watch(original, resource=resource, namespace=namespace, settings=settings, **kwargs)
 
-        watcher.__wrapped__, watcher.__wrapped_by__ = original, self
+        watcher.__wrapped__ = original  # type: ignore[attr-defined]  # how install() knows its own
+        watcher.__wrapped_by__ = self  # type: ignore[attr-defined]
         kopf_queueing.watcher = watcher
 
     def unserved(self, names: tuple[str, ...] = OWN_RESOURCES) -> list[str]:

@@ -53,7 +53,7 @@ def disable_client_retries(api_client: kubernetes.client.ApiClient) -> None:
     every client-side timeout by four; the reconcilers retry on their own schedule."""
     pool = getattr(getattr(api_client, "rest_client", None), "pool_manager", None)
     kwargs = getattr(pool, "connection_pool_kw", None)
-    if isinstance(kwargs, dict):
+    if isinstance(kwargs, dict) and pool is not None:
         kwargs["retries"] = urllib3.Retry(total=False)
         pool.clear()
 

@@ -87,7 +87,7 @@ class MirrorFeed:
 
 class ScheduleController:
     def __init__(self, kube: Kube, connections: Connections, queues: QueueController, *,
-                 namespaces: list[str] = (), tick_every: float = 1.0, deadline: float = 10.0,
+                 namespaces: Sequence[str] = (), tick_every: float = 1.0, deadline: float = 10.0,
                  concurrency: int = 16):
         self.kube = kube
         self.connections = connections
@@ -288,12 +288,12 @@ class ScheduleController:
         generation = body["metadata"].get("generation")
         previous = body.get("status") or {}
         status = {**progress, "observedGeneration": generation,
-                  "conditions": conditions(checks, problem, generation, previous.get("conditions"))}
+                  "conditions": conditions(checks, problem, generation, previous.get("conditions") or ())}
         if control.needs_write(previous, status, None):
             written = await self.kube.patch_status("schedules", key[0], key[1], status)
             if written is not None:
                 self.schedules.put(written)
-        warning = problem_event(problem, previous.get("conditions"))
+        warning = problem_event(problem, previous.get("conditions") or ())
         await self.kube.post_events(body, [*notices, *([warning] if warning else [])])
 
     # -- ticks, per Redis ------------------------------------------------------------------

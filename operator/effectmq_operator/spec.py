@@ -9,6 +9,7 @@ downstream (builders, scaling, the control core) takes these types instead of
 
 from __future__ import annotations
 
+import builtins
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -201,13 +202,13 @@ class _Reader:
             raise InvalidSpec(f"{self.path}.{key}: must be a string")
         return value
 
-    def bool(self, key: str) -> bool:
+    def bool(self, key: builtins.str) -> builtins.bool:
         value = self.raw(key)
         if not isinstance(value, bool):
             raise InvalidSpec(f"{self.path}.{key}: must be true or false")
         return value
 
-    def int(self, key: str, minimum: int | None = None) -> int:
+    def int(self, key: builtins.str, minimum: builtins.int | None = None) -> builtins.int:
         value = self.raw(key)
         if minimum is None:
             minimum = QUEUE_MINIMA.get(self._default_key(key), 0)

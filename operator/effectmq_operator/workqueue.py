@@ -181,7 +181,8 @@ class WorkQueue:
         if not self._slots:
             return 0.0
         finished = [s.finished_at for s in self._slots.values()]
-        oldest = self._term_started if None in finished else min(finished)
+        done = [f for f in finished if f is not None]
+        oldest = self._term_started if len(done) < len(finished) else min(done)
         return time.monotonic() - oldest
 
     async def _run(self, key: Key, slot: _Slot) -> None:

@@ -20,6 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import redis.asyncio as aioredis
 
@@ -149,12 +150,12 @@ def worker_env(resource: Resource, redis_url: str, worker_name: str, redis_url_f
 
 class LocalRunner:
     def __init__(self, resources: list[Resource], *, data_dir: Path, redis_port: int = 6390,
-                 redis_url: str | None = None, pythonpath: list[str] = (), live_view: bool = True,
+                 redis_url: str | None = None, pythonpath: Sequence[str] = (), live_view: bool = True,
                  burst: int = 0, burst_task: str = "send_email", stop_after: float | None = None):
         self.resources = resources
         self.data_dir = data_dir
-        self.redis = None if redis_url else LocalRedis(data_dir / "redis", redis_port)
-        self.redis_url = redis_url or self.redis.url
+        self.redis: LocalRedis | None = None if redis_url else LocalRedis(data_dir / "redis", redis_port)
+        self.redis_url: str = self.redis.url if self.redis is not None else redis_url or ""
         self.pythonpath = [str(Path(p).resolve()) for p in pythonpath]
         self.live_view = live_view
         self.burst = burst
@@ -297,6 +298,7 @@ class LocalRunner:
                 lq.next_poll = now + min(lq.spec.scaling.poll_interval, 5.0)
                 await self._maintain(lq)
                 await self._scale(lq, now)
+        assert self.scheduler is not None, "start() made it"
         report = await self.scheduler.tick()
         for m in report.materialized:
             if m.created:
