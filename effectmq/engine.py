@@ -327,11 +327,11 @@ class LeaseEngine:
         a call's leases are in head order (priority, then FIFO), all in the head's
         priority band and among the first `window` waiting tasks (ACQUIRE_WINDOW times
         the ids named per call), and a call leases nothing without the head, the oldest
-        waiting task of the highest priority, unless the head was named to some caller
-        (the last reply's names reach it): that caller may be about to lease it, and the
-        others go on with the tasks after it. So no lease passes a task of higher
-        priority, or one further than `window` from the head, and the head waits only
-        while a caller was told of it.
+        waiting task of the highest priority, unless a reply named the head to some
+        caller (it comes no later than the last id named, and was waiting then): that
+        caller may be about to lease it, and the others go on with the tasks after it.
+        So no lease passes a task of higher priority, or one further than `window` from
+        the head, and the head waits only while a caller was told of it.
 
         Returns the leases and the seconds until the next delayed task is due (None:
         none), or LOOK_AGAIN_NOW when ready tasks were known but others took them."""
