@@ -44,6 +44,14 @@ if [ -z "${EFFECTMQ_KSTATUS_BIN:-}" ]; then
 fi
 say "kstatus helper: $EFFECTMQ_KSTATUS_BIN"
 
+# The Argo CD health helper (argo-cd's own argocd-cm parsing and Lua health scripts).
+if [ -z "${EFFECTMQ_ARGOHEALTH_BIN:-}" ]; then
+    command -v go >/dev/null 2>&1 || { say "go is needed to build the Argo CD health helper"; exit 1; }
+    EFFECTMQ_ARGOHEALTH_BIN="$(bash tooling/argohealth/build.sh | tail -n 1)"
+    export EFFECTMQ_ARGOHEALTH_BIN
+fi
+say "Argo CD health helper: $EFFECTMQ_ARGOHEALTH_BIN"
+
 # The promql checker (Prometheus' PromQL parser and rule loader, Grafana's
 # dashboard model) for the chart's alerts and Grafana dashboard.
 if [ -z "${EFFECTMQ_PROMQL_BIN:-}" ]; then
