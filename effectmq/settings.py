@@ -3,10 +3,10 @@ bounds, Redis field and description.
 
 Read from here: `TaskQueue`'s defaults and validation (`queue.py`), the defaults the
 scripts fall back on (`LUA_DEFAULTS`), the operator's spec defaults and
-bounds (`effectmq_operator.spec`). Written from here by `tooling/settings.py`: the CRD
-schema's defaults, bounds and descriptions (both copies) and `docs/settings.md`;
+bounds (`effectmq_operator.spec`). Written from here by `tooling/sync_settings.py`: the
+CRD schema's defaults, bounds and descriptions (both copies) and `docs/settings.md`;
 `tests/runtime/test_settings_table.py` fails while they differ. Changing a default is
-one edit here, then `python tooling/settings.py`.
+one edit here, then `python tooling/sync_settings.py`.
 
 A pure module: no I/O, imports only constants.
 """
@@ -77,27 +77,39 @@ _S = Setting
 TABLE: tuple[Setting, ...] = (
     # -- travel through Redis: every producer, worker and script reads them ------------
     _S("paused", "paused", Kind.FLAG, False, redis="paused", lua=True,
-       description="Workers acquire no new tasks while true; producers may still offer."),
+       description="Workers acquire no new tasks while true (the attempts they hold finish); producers may "
+                   "still offer. The operator scales a paused queue down to scaling.minReplicas, keeping "
+                   "pods that still run attempts until they drain."),
     _S("sensitive", "sensitive", Kind.FLAG, False, redis="sensitive",
        description="The dashboard shows no payload, result or progress of this queue's tasks."),
     _S("max_active", "maxActive", Kind.COUNT, 0, minimum=0, maximum=MAX_COUNT, redis="max_active", lua=True,
-       unit="attempts", description="Cap on tasks active at once across all workers; 0 means no cap."),
+       unit="attempts",
+       description="Cap on tasks active (leased) at once across all workers of the queue; 0 means no cap. It "
+                   "caps the replicas too: no more pods than maxActive / (worker.concurrency + "
+                   "worker.prefetch), rounded up."),
     _S("max_retries", "maxRetries", Kind.COUNT, 3, minimum=0, maximum=MAX_COUNT, redis="max_retries",
        field_default=False, unit="failures",
-       description="Handler failures retried before a task fails for good. Unset means the runtime's default; "
-                   "tasks may override it."),
+       description="Handler failures retried before a task fails for good (0: never retried), each after the "
+                   "delay of retry. A task may override it (offer's max_retries, a Schedule's "
+                   "task.maxRetries)."),
     _S("max_stalled_count", "maxStalledCount", Kind.COUNT, 1, minimum=0, maximum=MAX_COUNT,
        redis="max_stalled_count", unit="stalls",
-       description="Expired leases tolerated before a task fails as stalled."),
+       description="Expired leases (a worker died or stopped renewing, see lockTimeoutSeconds) tolerated per "
+                   "task: each one puts the task back to waiting, the next one fails it as stalled "
+                   "(~effectmq/Error/Stalled)."),
     _S("lock_timeout", "lockTimeoutSeconds", Kind.SECONDS, 30.0, minimum=0.01, maximum=MAX_LOCK_TIMEOUT,
        field_minimum=1, redis="lock_timeout_ms", unit="s",
-       description="Lease length of an attempt; an unrenewed lease expires after this."),
+       description="Lease length of an attempt, in seconds: a worker renews its leases every "
+                   "lockRefreshSeconds, and a lease not renewed for this long expires (the task counts as "
+                   "stalled, see maxStalledCount)."),
     _S("retention_completed", "retention.completedSeconds", Kind.RETENTION, 86400.0, minimum=-1,
        maximum=MAX_RETENTION, field_minimum=0, redis="retention_completed_ms", unit="s",
-       description="How long a completed task's record is kept."),
+       description="Seconds a completed task's record (its result included) is kept after it completed; 0 "
+                   "deletes it at once."),
     _S("retention_failed", "retention.failedSeconds", Kind.RETENTION, 604800.0, minimum=-1,
        maximum=MAX_RETENTION, field_minimum=0, redis="retention_failed_ms", unit="s",
-       description="How long a failed or canceled task's record is kept."),
+       description="Seconds a failed or canceled task's record (its error included) is kept after it "
+                   "settled; 0 deletes it at once."),
     _S("dedup_window", None, Kind.SECONDS, 604800.0, minimum=0.001, maximum=MAX_DEDUP_WINDOW,
        redis="dedup_window_ms", lua=True, unit="s",
        description="How long an explicit task id stays reserved after its record expired."),
@@ -107,15 +119,16 @@ TABLE: tuple[Setting, ...] = (
        description="Write lifecycle events even while nobody reads them (by default only while a reader "
                    "asked within the last minute)."),
     _S("retry", "retry", Kind.RETRY, None, redis="retry",
-       description="The delay before each retry of a failed attempt."),
+       description="The delay before each retry of a failed attempt (maxRetries says how many). Unset fields "
+                   "take their defaults."),
     # -- the retry policy's fields, as a Queue resource spells them ---------------------
     _S(None, "retry.backoff", Kind.ENUM, "Exponential", choices=("Fixed", "Exponential"),
        description="Fixed: always initialDelaySeconds. Exponential: doubling from initialDelaySeconds "
                    "up to maxDelaySeconds."),
     _S(None, "retry.initialDelaySeconds", Kind.COUNT, 1, minimum=0, maximum=TEN_YEARS, unit="s",
-       description="The delay before the first retry."),
+       description="Seconds before the first retry (Fixed: before every retry); at most maxDelaySeconds."),
     _S(None, "retry.maxDelaySeconds", Kind.COUNT, 300, minimum=0, maximum=TEN_YEARS, unit="s",
-       description="The longest delay between retries (Exponential)."),
+       description="Seconds of the longest delay between retries: where Exponential stops doubling."),
     _S(None, "retry.jitter", Kind.FLAG, True,
        description="Spread each delay at random over its upper half, so failures of a burst do not retry "
                    "together."),
@@ -124,31 +137,41 @@ TABLE: tuple[Setting, ...] = (
     _S(None, "redis.tls.insecureSkipVerify", Kind.FLAG, False,
        description="Do not verify the server certificate (testing only)."),
     _S(None, "lockRefreshSeconds", Kind.COUNT, 10, minimum=1, maximum=TEN_YEARS, unit="s",
-       description="How often a worker renews its leases; must be below lockTimeoutSeconds."),
+       description="How often, in seconds, a worker renews its leases; must be less than lockTimeoutSeconds "
+                   "(a third of it survives two failed renewals)."),
     _S("concurrency", "worker.concurrency", Kind.COUNT, 10, minimum=1, unit="attempts",
-       description="In-flight attempts per pod."),
+       description="Attempts one worker pod runs at once. Scaling counts concurrency plus prefetch as the "
+                   "leases one pod takes."),
     _S(None, "worker.terminationGracePeriodSeconds", Kind.COUNT, 60, minimum=0, maximum=86400, unit="s",
-       description="How long a stopping worker pod may drain (it stops acquiring, finishes or hands back "
-                   "its attempts) before it is killed."),
+       description="Seconds a stopping worker pod may drain (it stops acquiring, finishes or hands back its "
+                   "attempts) before it is killed; the worker is told to finish draining a margin earlier "
+                   "(a sixth, at least 5 s)."),
     _S(None, "worker.progressDeadlineSeconds", Kind.COUNT, 600, minimum=1, maximum=86400, unit="s",
        description="Seconds a rollout of the worker Deployment, or a worker pod of its current template, may "
                    "take to become available before it counts as failed (Ready=False, Stalled=True). "
                    "Crash-looping pods count as failed sooner, after 3 restarts."),
     _S(None, "scaling.minReplicas", Kind.COUNT, 0, minimum=0, unit="pods",
-       description="The fewest worker pods, whatever the backlog."),
+       description="The fewest worker pods, whatever the backlog; 0 lets an idle queue scale to zero (after "
+                   "cooldownSeconds)."),
     _S(None, "scaling.maxReplicas", Kind.COUNT, 10, minimum=0, unit="pods",
-       description="The most worker pods, whatever the backlog."),
+       description="The most worker pods, whatever the backlog; maxActive may cap them lower."),
     _S(None, "scaling.targetTasksPerReplica", Kind.COUNT, 50, minimum=1, unit="tasks",
-       description="Backlog plus in-flight tasks one replica is expected to carry."),
+       description="Tasks (waiting plus active) one pod is expected to carry: the operator asks for "
+                   "(waiting + active) / targetTasksPerReplica pods, rounded up, within minReplicas and "
+                   "maxReplicas, and never fewer than the work in flight occupies."),
     _S(None, "scaling.activationTasks", Kind.COUNT, 1, minimum=0, unit="tasks",
-       description="Backlog needed to scale from zero to one replica."),
+       description="Waiting tasks needed to scale from zero to one pod; fewer wait until more arrive (or "
+                   "minReplicas is above 0)."),
     _S(None, "scaling.pollIntervalSeconds", Kind.COUNT, 10, minimum=1, maximum=3600, unit="s",
-       description="How often the operator reads the backlog and decides the replicas (status.lastPollTime "
-                   "shows the last time it did)."),
+       description="Seconds between the operator's reads of the backlog, each followed by a decision on the "
+                   "replicas (status.lastPollTime shows the last one)."),
     _S(None, "scaling.scaleDownStabilizationSeconds", Kind.COUNT, 300, minimum=0, maximum=3600, unit="s",
-       description="Scale down only to the highest replica count wanted in this window."),
+       description="Seconds of recent decisions remembered: the operator scales down only to the highest "
+                   "replica count it wanted within them (as a HorizontalPodAutoscaler's scale-down "
+                   "stabilization window)."),
     _S(None, "scaling.cooldownSeconds", Kind.COUNT, 300, minimum=0, maximum=86400, unit="s",
-       description="Idle time before scaling back to zero replicas."),
+       description="Seconds without any waiting or active task before the last pod goes (scaling to zero, "
+                   "when minReplicas is 0)."),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in TABLE if s.name}

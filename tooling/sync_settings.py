@@ -31,13 +31,19 @@ DOC = ROOT / "docs/settings.md"
 def schema_fields(setting: Setting) -> dict[str, Any]:
     """What the CRD schema of one field says, as the table has it."""
     out: dict[str, Any] = {"description": setting.description}
-    if setting.field_default and setting.default is not None:
+    if setting.default is not None and setting.kind is not Kind.RETRY:
         default = setting.default
         if setting.kind in (Kind.SECONDS, Kind.RETENTION):  # the resource counts whole seconds
             if default != int(default):
                 raise ValueError(f"{setting.field}: a Queue resource takes whole seconds, the default is {default}")
             default = int(default)
-        out["default"] = default
+        # `kubectl explain` shows no schema default: the description says it, as core types' do
+        shown = str(default).lower() if isinstance(default, bool) else default
+        if setting.field_default:
+            out["default"] = default
+            out["description"] = f"{setting.description} Default: {shown}."
+        else:
+            out["description"] = f"{setting.description} Unset: the runtime's default, {shown}."
     if setting.kind is not Kind.FLAG and setting.kind is not Kind.ENUM:
         if setting.resource_minimum is not None:
             out["minimum"] = int(setting.resource_minimum)

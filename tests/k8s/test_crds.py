@@ -232,9 +232,9 @@ INVALID = {
         manifest(QUEUE, scaling={"cooldownSeconds": -1}),
         ["spec.scaling.cooldownSeconds", "should be greater than or equal to 0"],
     ),
-    "negative-starting-deadline": (
-        manifest(SCHEDULE, startingDeadlineSeconds=-5),
-        ["spec.startingDeadlineSeconds", "should be greater than or equal to 0"],
+    "starting-deadline-under-a-second": (  # the scheduler refuses it (ScheduleSpec)
+        manifest(SCHEDULE, startingDeadlineSeconds=0),
+        ["spec.startingDeadlineSeconds", "should be greater than or equal to 1"],
     ),
     "refresh-not-below-timeout": (
         manifest(QUEUE, lockTimeoutSeconds=10, lockRefreshSeconds=10),
