@@ -124,6 +124,8 @@ def worker_deployment(namespace: str, name: str, spec: QueueSpec, replicas: int,
         "command": ["effectmq", "worker"],
         "args": [worker.handlers],
         "env": worker_env(namespace, name, spec),
+        **({"envFrom": list(worker.env_from)} if worker.env_from else {}),
+        **({"imagePullPolicy": worker.image_pull_policy} if worker.image_pull_policy else {}),
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         # /livez: the process answers; /readyz: Redis reachable and not draining
         "livenessProbe": {"httpGet": {"path": "/livez", "port": "metrics"},
@@ -156,7 +158,9 @@ def worker_deployment(namespace: str, name: str, spec: QueueSpec, replicas: int,
         "terminationGracePeriodSeconds": worker.termination_grace_seconds,
         "securityContext": pod_security,
     }
-    for key in ("nodeSelector", "tolerations", "affinity", "serviceAccountName", "imagePullSecrets"):
+    # Only those set: a new key in the template would roll every existing Deployment.
+    for key in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints", "priorityClassName",
+                "serviceAccountName", "imagePullSecrets"):
         if template.get(key):
             pod_spec[key] = template[key]
     if not template.get("serviceAccountName"):  # the worker never calls the API server: no token

@@ -63,6 +63,9 @@ class RedisSpec:
     tls: TlsSpec = TlsSpec()
 
 
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     image: str
@@ -70,10 +73,12 @@ class WorkerSpec:
     concurrency: int = 10
     prefetch: int | None = None  # leases a pod holds ahead of its running attempts; None: the worker's auto
     env: tuple[dict, ...] = ()
+    env_from: tuple[dict, ...] = ()  # core/v1 EnvFromSource, as written
+    image_pull_policy: str | None = None  # None: the kubelet's default for the image's tag
     resources: dict = field(default_factory=dict)
     termination_grace_seconds: int = 60
     progress_deadline_seconds: int = 600
-    pod_template: dict = field(default_factory=dict)
+    pod_template: dict = field(default_factory=dict)  # core/v1 PodSpec fields, labels, annotations: as written
 
 
 def leases_per_pod(worker: WorkerSpec | None) -> int:
@@ -131,13 +136,18 @@ class QueueSpec:
             env = w.raw("env") or []
             if not isinstance(env, list) or not all(isinstance(e, Mapping) and e.get("name") for e in env):
                 raise InvalidSpec("spec.worker.env: a list of EnvVar objects, each with a name")
+            pull_policy = w.raw("imagePullPolicy")
+            if pull_policy is not None and pull_policy not in PULL_POLICIES:
+                raise InvalidSpec(f"spec.worker.imagePullPolicy: one of {', '.join(PULL_POLICIES)}, "
+                                  f"got {pull_policy!r}")
             worker = WorkerSpec(
                 image=image, handlers=handlers, concurrency=w.int("concurrency"),
                 prefetch=None if w.raw("prefetch") is None else w.int("prefetch", minimum=0),
-                env=tuple(dict(e) for e in env), resources=dict(w.raw("resources") or {}),
+                env=tuple(dict(e) for e in env), env_from=_env_from(w.raw("envFrom")),
+                image_pull_policy=pull_policy, resources=dict(w.raw("resources") or {}),
                 termination_grace_seconds=w.int("terminationGracePeriodSeconds"),
                 progress_deadline_seconds=w.int("progressDeadlineSeconds"),
-                pod_template=dict(w.raw("podTemplate") or {}),
+                pod_template=_pod_template(w.raw("podTemplate")),
             )
         sc = s.section("scaling")
         concurrency = leases_per_pod(worker)
@@ -164,6 +174,51 @@ class QueueSpec:
             max_stalled_count=s.int("maxStalledCount"), retry=s.section("retry").filled(),
             retention_completed=retention.int("completedSeconds"), retention_failed=retention.int("failedSeconds"),
         )
+
+
+def _env_from(value: Any, where: str = "spec.worker.envFrom") -> tuple[dict, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(s, Mapping) for s in value):
+        raise InvalidSpec(f"{where}: a list of EnvFromSource objects")
+    for i, source in enumerate(value):
+        refs = [source[k] for k in ("configMapRef", "secretRef") if k in source]
+        if len(refs) != 1 or not isinstance(refs[0], Mapping) or not refs[0].get("name"):
+            raise InvalidSpec(f"{where}[{i}]: one of configMapRef and secretRef, with a name")
+    return tuple(dict(s) for s in value)
+
+
+# What each field of spec.worker.podTemplate must be, short of its full core/v1 schema (the
+# CRD holds that, and local runs check manifests against it): enough that the Deployment
+# built from it is well-formed, with the field named when it is not.
+_POD_OBJECTS = ("nodeSelector", "affinity", "labels", "annotations")
+_POD_LISTS = ("tolerations", "topologySpreadConstraints", "imagePullSecrets")
+_POD_STRINGS = ("priorityClassName", "serviceAccountName")
+_SPREAD_REQUIRED = ("maxSkew", "topologyKey", "whenUnsatisfiable")
+
+
+def _pod_template(value: Any, where: str = "spec.worker.podTemplate") -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidSpec(f"{where}: must be an object")
+    for key in _POD_OBJECTS:
+        if key in value and not isinstance(value[key], Mapping):
+            raise InvalidSpec(f"{where}.{key}: must be an object")
+    for key in _POD_STRINGS:
+        if key in value and not isinstance(value[key], str):
+            raise InvalidSpec(f"{where}.{key}: must be a string")
+    for key in _POD_LISTS:
+        if key in value and not (isinstance(value[key], list) and all(isinstance(v, Mapping) for v in value[key])):
+            raise InvalidSpec(f"{where}.{key}: must be a list of objects")
+    for i, spread in enumerate(value.get("topologySpreadConstraints") or ()):
+        if any(spread.get(k) in (None, "") for k in _SPREAD_REQUIRED):
+            raise InvalidSpec(f"{where}.topologySpreadConstraints[{i}]: needs {', '.join(_SPREAD_REQUIRED[:-1])} "
+                              f"and {_SPREAD_REQUIRED[-1]}")
+    for i, secret in enumerate(value.get("imagePullSecrets") or ()):
+        if not secret.get("name"):
+            raise InvalidSpec(f"{where}.imagePullSecrets[{i}].name: must not be empty")
+    return dict(value)
 
 
 class _Reader:

@@ -74,6 +74,35 @@ def test_secret_url_tls_and_pod_template_overrides():
     assert "ownerReferences" not in d["metadata"]
 
 
+SPREAD = [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway",
+           "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "q"}}}]
+
+
+def test_the_core_typed_worker_fields_reach_the_pods_as_written():
+    """Issue 39: imagePullPolicy, envFrom, priorityClassName, topologySpreadConstraints
+    (and imagePullSecrets, affinity) pass through to the Deployment's pod template."""
+    worker = {"image": "w:1", "handlers": "a:b", "imagePullPolicy": "Always",
+              "envFrom": [{"secretRef": {"name": "api"}}, {"configMapRef": {"name": "cfg"}, "prefix": "APP_"}],
+              "podTemplate": {"priorityClassName": "high", "topologySpreadConstraints": SPREAD,
+                              "imagePullSecrets": [{"name": "registry"}],
+                              "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                                  {"weight": 1, "preference": {"matchExpressions": [
+                                      {"key": "pool", "operator": "In", "values": ["jobs"]}]}}]}}}}
+    d = builders.worker_deployment("ns", "q", QueueSpec.parse({"redis": {"url": "redis://r"}, "worker": worker}), 1)
+    pod = d["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["imagePullPolicy"] == "Always" and container["envFrom"] == worker["envFrom"]
+    assert pod["priorityClassName"] == "high" and pod["topologySpreadConstraints"] == SPREAD
+    assert pod["imagePullSecrets"] == [{"name": "registry"}]
+    assert pod["affinity"] == worker["podTemplate"]["affinity"]
+    # unset, none of them is written: a Deployment of an earlier version keeps its hash (no roll)
+    plain = builders.worker_deployment("ns", "q", QueueSpec.parse({"redis": {"url": "redis://r"},
+                                                                   "worker": {"image": "w:1", "handlers": "a:b"}}), 1)
+    plain_pod = plain["spec"]["template"]["spec"]
+    assert not {"imagePullPolicy", "envFrom"} & set(plain_pod["containers"][0])
+    assert not {"priorityClassName", "topologySpreadConstraints", "imagePullSecrets", "affinity"} & set(plain_pod)
+
+
 def test_a_url_from_a_secret_reaches_the_worker_as_a_file_readable_by_the_pods_group_only():
     """Issue 36: an environment variable leaks (child processes, /proc/<pid>/environ,
     crash dumps); a mounted Secret key does not. The kubelet gives the file to root and

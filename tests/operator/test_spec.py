@@ -58,6 +58,26 @@ def test_prefetched_leases_count_toward_the_replicas_in_flight_work_occupies():
     ({**MINIMAL, "maxActive": "lots"}, "q", "spec.maxActive: must be an integer"),
     ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "prefetch": -1}}, "q", r"spec.worker.prefetch: must be >= 0"),
     (MINIMAL, "x" * (MAX_QUEUE_NAME + 1), "at most 63 characters"),
+    # the core-typed fields of issue 39, as a local run (YAML that never met the API server) reads them
+    ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "imagePullPolicy": "Sometimes"}}, "q",
+     r"spec.worker.imagePullPolicy: one of Always, IfNotPresent, Never"),
+    ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "envFrom": {"secretRef": {"name": "s"}}}}, "q",
+     r"spec.worker.envFrom: a list of EnvFromSource objects"),
+    ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "envFrom": [{"prefix": "A_"}]}}, "q",
+     r"spec.worker.envFrom\[0\]: one of configMapRef and secretRef, with a name"),
+    ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "envFrom": [{"secretRef": {}}]}}, "q",
+     r"spec.worker.envFrom\[0\]: one of configMapRef and secretRef, with a name"),
+    ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "podTemplate": {"priorityClassName": 5}}}, "q",
+     r"spec.worker.podTemplate.priorityClassName: must be a string"),
+    ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "podTemplate": {
+        "topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule"}]}}}, "q",
+     r"spec.worker.podTemplate.topologySpreadConstraints\[0\]: needs maxSkew, topologyKey and whenUnsatisfiable"),
+    ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "podTemplate": {"imagePullSecrets": [{"name": ""}]}}},
+     "q", r"spec.worker.podTemplate.imagePullSecrets\[0\].name: must not be empty"),
+    ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "podTemplate": {"tolerations": {"key": "x"}}}}, "q",
+     r"spec.worker.podTemplate.tolerations: must be a list of objects"),
+    ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "podTemplate": {"affinity": []}}}, "q",
+     r"spec.worker.podTemplate.affinity: must be an object"),
 ])
 def test_invalid_specs_name_the_field(spec, name, message):
     with pytest.raises(InvalidSpec, match=message):
