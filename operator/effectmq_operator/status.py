@@ -99,7 +99,7 @@ def schedule_progress(state) -> dict[str, Any]:
     """Status fields mirrored from the scheduler's record of a schedule."""
     return {
         "lastTickTime": _iso(state.last_tick),
-        "lastTaskId": state.last_task_id,
+        "lastTaskID": state.last_task_id,
         "nextTickTime": _iso(state.next_tick),
         "missedTicks": {"skipped": state.skipped, "coalesced": state.coalesced, "backfilled": state.backfilled},
         "lastError": state.last_error,

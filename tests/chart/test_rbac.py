@@ -130,8 +130,8 @@ def test_cluster_wide_operator_under_the_chart_service_account(kube_control_plan
         schedule["spec"].update({"schedule": "* * * * * *", "timeZone": "UTC"})
         apply(plane, shop, schedule)
         status = wait_for(lambda: (s := (get(plane, shop, "schedule", "nightly-report") or {}).get("status") or {})
-                          .get("lastTaskId") and s, timeout=20, what="a tick")
-        assert q.wait(status["lastTaskId"], timeout=30)["report"] == "daily"
+                          .get("lastTaskID") and s, timeout=20, what="a tick")
+        assert q.wait(status["lastTaskID"], timeout=30)["report"] == "daily"
         assert ready(get(plane, shop, "schedule", "nightly-report"))
         plane.kubectl("patch", "schedule", "nightly-report", "-n", shop, "--type=merge", "-p",
                       json.dumps({"spec": {"suspend": True}}))
@@ -180,7 +180,7 @@ def test_namespaced_operator_under_the_chart_service_account(kube_control_plane,
                              (get(plane, shop, "queue", "emails").get("status") or {}).get("conditions", [])),
                  what="Queue reconciled")
         status = wait_for(lambda: ((get(plane, shop, "schedule", "nightly-report") or {}).get("status") or {})
-                          .get("lastTaskId"), timeout=20, what="a tick")
+                          .get("lastTaskID"), timeout=20, what="a tick")
         assert status.startswith(f"{shop}/nightly-report/")
         wait_for(lambda: get(plane, shop, "deployment", "emails-worker")["spec"]["replicas"] == 1, timeout=20,
                  what="ticks scale the Queue up")

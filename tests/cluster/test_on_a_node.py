@@ -380,7 +380,7 @@ def test_schedule_ticks_run_as_tasks_in_worker_pods_one_task_per_tick(release, q
     seen: list[str] = []
 
     def two_new_ticks():
-        last = c.kubectl_json("get", "schedule", "digest", "-n", NS).get("status", {}).get("lastTaskId")
+        last = c.kubectl_json("get", "schedule", "digest", "-n", NS).get("status", {}).get("lastTaskID")
         if last and (not seen or seen[-1] != last):
             seen.append(last)
         return len(seen) >= 3  # the first may predate the resume

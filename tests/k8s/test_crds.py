@@ -411,7 +411,7 @@ SCHEDULE_STATUS = {
         }
     ],
     "lastTickTime": "2030-01-01T02:00:00Z",
-    "lastTaskId": "tick-nightly-20300101T020000Z",
+    "lastTaskID": "tick-nightly-20300101T020000Z",
     "nextTickTime": "2030-01-02T02:00:00Z",
     "missedTicks": {"skipped": 0, "coalesced": 3, "backfilled": 0},
     "lastError": "",

@@ -9,11 +9,14 @@ import json
 import time
 from datetime import datetime, timedelta, timezone
 
+import pytest
 import redis
 import yaml
 
 import effectmq
 from effectmq.scheduler import Scheduler, ScheduleSpec
+from effectmq.scheduler.cron import parse_cron
+from effectmq.scheduler.errors import InvalidSchedule
 from effectmq_operator import builders
 from effectmq_operator.connections import SCHEDULER_NAMESPACE, Connections
 from effectmq_operator.controller import QueueController
@@ -71,7 +74,7 @@ def test_one_task_per_tick_with_two_operators_and_a_handover(kube_control_plane,
 
     status = wait_for(lambda: (s := get(plane, ns, "schedule", "every-second")["status"]).get("lastTickTime") and s,
                       what="mirrored status")
-    assert status["lastTaskId"].startswith(schedule_id + "/")
+    assert status["lastTaskID"].startswith(schedule_id + "/")
     assert parse(status["nextTickTime"]) > parse(status["lastTickTime"])
     assert condition(get(plane, ns, "schedule", "every-second"), "Ready")["status"] == "True"
     printed = plane.kubectl("get", "schedules", "-n", ns).stdout
@@ -94,6 +97,9 @@ def test_bad_schedules_are_reported_and_others_keep_firing(kube_control_plane, k
 
     status, reason, message = wait_for(lambda: cond("bad-cron", "ScheduleValid"), what="bad-cron condition")
     assert (status, reason) == ("False", "InvalidSchedule") and "61" in message
+    with pytest.raises(InvalidSchedule) as parsed:  # the CRD's CEL rule checks the shape only: the parser tells
+        parse_cron("61 * * * *")
+    assert str(parsed.value) in message, message
     status, reason, message = wait_for(lambda: cond("bad-zone", "ScheduleValid"), what="bad-zone condition")
     assert (status, reason) == ("False", "InvalidSchedule") and "Mars/Olympus_Mons" in message
     status, reason, message = wait_for(lambda: cond("no-queue", "QueueFound"), what="no-queue condition")
@@ -146,7 +152,7 @@ def test_a_tick_settled_outside_the_operators_passes_is_mirrored_promptly(kube_c
     time.sleep(2)
     task_id = asyncio.run(_tick_elsewhere(redis_url, f"{ns}/daily"))
     started = time.monotonic()
-    wait_for(lambda: get(plane, ns, "schedule", "daily")["status"].get("lastTaskId") == task_id, timeout=10,
+    wait_for(lambda: get(plane, ns, "schedule", "daily")["status"].get("lastTaskID") == task_id, timeout=10,
              interval=0.1, what="the tick mirrored")  # a full reconcile would come only after 60 s
     took = time.monotonic() - started
     assert took < 5, f"mirrored after {took:.1f}s"
@@ -204,7 +210,7 @@ async def test_a_mirror_round_reads_only_the_schedules_that_changed(kube_control
             await controller._mirror(target)
             read = _redis_calls(counter)
             assert read["hgetall"] - before["hgetall"] == 6  # the six that changed, nothing else
-            assert get(plane, ns, "schedule", "watched")["status"]["lastTaskId"] == task_id
+            assert get(plane, ns, "schedule", "watched")["status"]["lastTaskID"] == task_id
 
             # A change the feed lost (its key restored from an old backup, deleted by hand):
             # the next full round finds it, and the cursor follows the feed's new numbers.
@@ -276,7 +282,7 @@ async def test_a_schedule_the_watch_has_not_reported_is_reconciled_within_second
         apply(plane, ns, queue_manifest("emails", redis_url))
         apply(plane, ns, schedule_manifest("unreported", "emails", "* * * * * *", timeZone="UTC"))
         await wait_for_async(lambda: ((get(plane, ns, "schedule", "unreported") or {}).get("status") or {})
-                             .get("lastTaskId"), timeout=15, what="a tick")
+                             .get("lastTaskID"), timeout=15, what="a tick")
 
 
 async def test_the_first_tick_is_mirrored_at_once_after_a_change_without_one(kube_control_plane, kube_namespace,
