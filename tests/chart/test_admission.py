@@ -211,3 +211,15 @@ def test_a_queue_author_must_be_allowed_to_create_its_deployment(kube_control_pl
     listed = as_user(plane, both, "create", "-n", team, "-f", "-",
                      input=queue("q4", image=image, podTemplate={"serviceAccountName": "team-workers"}))
     assert listed.returncode == 0, listed.stderr
+
+    # Secrets the worker pods would read (issue 39: envFrom is a second way, beside env): the
+    # author needs the right to create the Deployment, whose pods could read them anyway.
+    for name, reads in (("q5", {"envFrom": [{"secretRef": {"name": "other-teams-secret"}}]}),
+                        ("q6", {"env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {
+                            "name": "other-teams-secret", "key": "token"}}}]})):
+        denied = as_user(plane, queues_only, "create", "-n", team, "-f", "-", input=queue(name, image=image, **reads))
+        assert refused(denied, "must be allowed to create Deployments there"), denied.stderr
+        created = as_user(plane, both, "create", "-n", team, "-f", "-", input=queue(name, image=image, **reads))
+        assert created.returncode == 0, created.stderr
+        spec = plane.kubectl_json("get", "queue", name, "-n", team)["spec"]["worker"]
+        assert {k: spec[k] for k in reads} == reads  # kept, not pruned: the CRD knows envFrom
