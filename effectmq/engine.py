@@ -545,7 +545,12 @@ class LeaseEngine:
                 break
         if len(leases) < count and reply.status is AcquireStatus.OK and (self._ready or self._due):
             return leases, LOOK_AGAIN_NOW
-        return leases, reply.next_due_in
+        due_in = reply.next_due_in
+        if reply.status is not AcquireStatus.OK and due_in is not None and due_in <= 0:
+            # Paused or at max_active, a due task cannot start before the queue resumes or a
+            # slot frees, and both wake idle workers (wake.lua): asking now would spin.
+            return leases, None
+        return leases, due_in
 
     def _forget_leases(self, leases: Sequence[Lease]) -> None:
         """Leases no caller will get: reclaimed as those of a lost call (by the next call)."""
