@@ -9,19 +9,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+import redis.asyncio.sentinel as aioredis_sentinel
 import redis.exceptions as redis_errors
+import redis.sentinel as redis_sentinel
 from redis.asyncio.cluster import RedisCluster
 
 from .cluster import cluster_client, is_cluster_url
 from .errors import InvalidOption, RedisRefused, RedisUnavailable
-from .redaction import INVALID_URL, SECRET_OPTIONS, redact_url, scrub, url_secrets
+from .redaction import INVALID_URL, SCHEMES, SECRET_OPTIONS, redact_url, scrub, url_secrets
 from .sentinel import is_sentinel_url, sentinel_client
 
 DEFAULT_URL = "redis://localhost:6379/0"
 URL_VARIABLE = "EFFECTMQ_REDIS_URL"
 URL_FILE_VARIABLE = "EFFECTMQ_REDIS_URL_FILE"
 URL_FILE_LIMIT = 64 * 1024  # bytes: a file this long holds no URL (and is not read further)
-URL_KINDS = "a redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL"
+# Every URL form connect() takes (redaction.SCHEMES), in the order messages name them:
+# URL_KINDS is the one text every bad-URL message of the CLI and the operator shows.
+URL_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster")
+assert set(URL_SCHEMES) == SCHEMES, "a URL form is missing from the messages"
+URL_KINDS = "a " + ", ".join(f"{s}://" for s in URL_SCHEMES[:-1]) + f" or {URL_SCHEMES[-1]}:// URL"
 GIVEN_CLIENT = "the given client"  # how messages name a client passed in without a URL
 TRANSPORT_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError)
 # Error replies that mean "not now": the command did not run and the same call can be
@@ -101,6 +107,47 @@ def redis_answered(exc: BaseException) -> bool:
                                 redis_errors.InvalidResponse, OSError))
 
 
+# redis-py's Sentinel discovery, when no Sentinel names a primary, raises MasterNotFoundError
+# with each failed Sentinel's client repr (a thousand characters each) and its error:
+# "No master found for 'svc' : <its client's repr> - <its error>, <the next one> - ...".
+# Only the address and the error are shown (sentinel_failures).
+_MASTER_NOT_FOUND = tuple(cls for cls in (getattr(redis_sentinel, "MasterNotFoundError", None),
+                                          getattr(aioredis_sentinel, "MasterNotFoundError", None)) if cls)
+_SENTINEL_ADDRESS = re.compile(r"host=([^,>]+),port=(\d+)")
+_NEXT_SENTINEL = re.compile(r", ?(?=<redis\.|Redis<)")
+_ERROR_CATEGORY = re.compile(r"^[a-z]+:(?=[A-Z]\w*Error)")  # redis-py 8's "server:", "auth:", "network:"
+SENTINEL_ERROR_LIMIT = 120  # characters of each Sentinel's error shown
+
+
+def sentinel_failures(exc: BaseException) -> tuple[str, list[tuple[str, str]]] | None:
+    """For a MasterNotFoundError: the service and each failed Sentinel's (host:port, error)."""
+    if not isinstance(exc, _MASTER_NOT_FOUND):
+        return None
+    head, _, details = str(exc).partition(" : ")
+    service = head.removeprefix("No master found for ")
+    failures = []
+    addresses = list(_SENTINEL_ADDRESS.finditer(details))
+    for i, address in enumerate(addresses):
+        end = addresses[i + 1].start() if i + 1 < len(addresses) else len(details)
+        chunk = details[address.end():end]
+        _, dash, why = chunk.partition("> - ")
+        if not dash:
+            continue
+        why = _NEXT_SENTINEL.split(why, maxsplit=1)[0].strip()
+        why = _ERROR_CATEGORY.sub("", why)
+        if len(why) > SENTINEL_ERROR_LIMIT:
+            why = why[:SENTINEL_ERROR_LIMIT - 3] + "..."
+        failures.append((f"{address.group(1)}:{address.group(2)}", why))
+    return service, failures
+
+
+def _sentinel_text(service: str, failures: list[tuple[str, str]]) -> str:
+    if not failures:
+        return (f"no Sentinel names a primary for {service} (those that answered do not know the service, or "
+                "its primary is down)")
+    return f"no Sentinel names a primary for {service} (" + "; ".join(f"{a}: {w}" for a, w in failures) + ")"
+
+
 @dataclass(frozen=True)
 class ReplyClass:
     code: str  # the reply's error code, or CONNECTION / TIMEOUT / AUTH for transport errors
@@ -121,6 +168,9 @@ def classify_reply(exc: BaseException) -> ReplyClass:
         return ReplyClass("TIMEOUT", True)
     if isinstance(exc, redis_errors.BusyLoadingError):
         return ReplyClass("LOADING", True)
+    sentinels = sentinel_failures(exc)
+    if sentinels and sentinels[1] and all("AuthenticationError" in why for _, why in sentinels[1]):
+        return ReplyClass("AUTH", False)  # every Sentinel refused the password: as from one Redis
     if isinstance(exc, redis_errors.AuthenticationError):
         return ReplyClass("AUTH", False)  # a wrong password stays wrong until the process restarts
     if isinstance(exc, redis_errors.ConnectionError):
@@ -231,7 +281,9 @@ def connect(client: aioredis.Redis | RedisCluster | None = None, url: str | None
         return client, False, redact_url(url) if url else GIVEN_CLIENT
     url, tls_options = (tls or TlsOptions.from_env()).apply(url or url_from_env() or DEFAULT_URL)
     shown = redact_url(url)
-    if shown == INVALID_URL:  # redis-py's own complaint could quote part of the password
+    scheme, slashes, _ = url.partition("://")
+    if shown == INVALID_URL or not slashes or scheme.lower() not in SCHEMES:
+        # redis-py's own complaint could quote part of the password, and names 3 forms of 7
         raise InvalidOption(f"the Redis URL is not {URL_KINDS} that can be read safely (not shown: it may hold "
                             "a password); percent-encode / ? # @ : in a password")
     try:
@@ -258,7 +310,8 @@ CLUSTER_NODE_HINT = " (this Redis is a node of a Redis Cluster: connect with a r
 
 class RedisErrors:
     """`with errors:` turns what redis-py raises into RedisUnavailable (retryable: transport
-    errors and the replies of RETRYABLE_REPLIES) or RedisRefused (anything else), naming `where`.
+    errors and the replies of RETRYABLE_REPLIES) or RedisRefused (anything else, a wrong or
+    missing password included), naming `where`.
 
     The one place where redis-py's text enters ours: it is scrubbed of the client's
     secrets, and the original is chained only when it held none (a traceback prints it).
@@ -279,13 +332,17 @@ class RedisErrors:
         if not isinstance(exc, (redis_errors.RedisError, redis_errors.RedisClusterException)):
             return
         reply = classify_reply(exc)
-        text = scrub(str(exc), *self.secrets) or reply.code
-        cause = exc if text == str(exc) else None
+        sentinels = sentinel_failures(exc)
+        raw = str(exc) if sentinels is None else _sentinel_text(*sentinels)
+        text = scrub(raw, *self.secrets) or reply.code
+        cause = exc if text == str(exc) else None  # a traceback would print the original
         if not isinstance(exc, TRANSPORT_ERRORS) and not text.startswith(reply.code):
             text = f"{reply.code} {text}"
         if reply.code in ("MOVED", "ASK"):
             text += self.hint
         answered = redis_answered(exc)
+        if reply.code == "AUTH":  # a wrong or missing password: Redis (or a Sentinel) answered; retrying never helps
+            raise RedisRefused(f"Redis refused {self.where}: {text}", reply.code, answered=True) from cause
         if isinstance(exc, (*TRANSPORT_ERRORS, redis_errors.RedisClusterException)):  # no reply: not reached
             raise RedisUnavailable(f"Redis unavailable {self.where}: {text}", reply.code, reply.retryable,
                                    answered=answered) from cause

@@ -68,13 +68,14 @@ class RedisUnavailable(EffectMQError, ConnectionError):
     def __init__(self, message: str, code: str = "CONNECTION", retryable: bool = True, *, answered: bool = True):
         super().__init__(message)
         self.code = code
-        self.retryable = retryable  # False: Redis is there but refuses us (a wrong password)
+        self.retryable = retryable  # False: retrying will not help (no node of a Redis Cluster gives a slot map)
         self.answered = answered
 
 
 class RedisRefused(EffectMQError):
-    """Redis answered with an error that retrying will not fix (NOPERM, WRONGTYPE, a
-    script error): a configuration or programming problem; nothing was changed.
+    """Redis answered with an error that retrying will not fix (a wrong or missing password,
+    NOPERM, WRONGTYPE, a script error): a configuration or programming problem; nothing was
+    changed.
     (`answered` False: what answered does not speak Redis' protocol.)"""
 
     def __init__(self, message: str, code: str = "ERR", *, answered: bool = True):

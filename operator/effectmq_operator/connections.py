@@ -41,7 +41,7 @@ from kubernetes.client.rest import ApiException
 import redis.asyncio as aioredis
 
 import effectmq
-from effectmq.connection import RedisErrors, TlsOptions, connect, redis_answered
+from effectmq.connection import URL_KINDS, RedisErrors, TlsOptions, connect, redis_answered
 from effectmq.redaction import SCHEMES, redact_url, scrub, url_secrets
 from effectmq.scheduler import Scheduler
 
@@ -174,8 +174,7 @@ class Connections:
             url, where = redis.url or "", "spec.redis.url"
         if not url.startswith(URL_PREFIXES):
             # Never echo the value: a mistyped Secret may hold a bare password.
-            raise ConfigProblem("InvalidRedisURL", f"{where} does not hold a redis://, rediss://, unix://, "
-                                                   "redis+cluster:// or redis+sentinel:// URL")
+            raise ConfigProblem("InvalidRedisURL", f"{where} does not hold {URL_KINDS}")
         ca = None
         if redis.tls.ca_from:
             ca = (await self._secret(namespace, redis.tls.ca_from)).decode(errors="replace")
