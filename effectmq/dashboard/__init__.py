@@ -4,8 +4,8 @@
     app = create_app(DashboardConfig(url="redis://localhost:6379/0"))   # an aiohttp Application
 
 Layout: `views` (pure: what pages and the API show, the hiding rules of sensitive
-queues, how action outcomes read), `auth` (pure: who may act), `discovery` (which
-queues a Redis holds), `service` (every Redis call), `web` (routes, templates, JSON).
+queues, how action outcomes read), `auth` (pure: who may act), `service` (every Redis
+call; which queues a Redis holds is effectmq.discovery's), `web` (routes, templates, JSON).
 """
 
 from __future__ import annotations

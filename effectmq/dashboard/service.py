@@ -21,9 +21,9 @@ from ..connection import RedisErrors, connect
 from ..errors import EffectMQError
 from ..keys import QUEUE_NAME, check_queue_name
 from ..queue import EVENTS_INTEREST, TaskQueue
-from ..scheduler import Scheduler
+from ..scheduler import DEFAULT_NAMESPACE, Scheduler
 from . import auth, views
-from .discovery import discover_queues, queue_exists
+from ..discovery import discover_queues, discover_scheduler_namespaces, queue_exists
 
 log = logging.getLogger("effectmq.dashboard")
 
@@ -45,7 +45,7 @@ class DashboardConfig:
     prefix: str = "emq"
     actions: bool = False
     token: str | None = None  # the action token (with actions)
-    scheduler_namespace: str = "default"
+    scheduler_namespace: str | None = None  # None: every scheduler namespace that holds a schedule
     read_token: str | None = None  # set: every page needs a session or Bearer token (this one or `token`)
     allowed_hosts: list[str] = field(default_factory=list)  # Host names answered besides loopback ("*": any)
     behind_tls: bool = False  # served through TLS (an ingress): the session cookie is Secure
@@ -80,8 +80,9 @@ class DashboardService:
         self._discovered: tuple[float, list[str]] | None = None  # (when, names) of the last SCAN
         self._found: set[str] = set()  # queues seen to exist since (a page named them)
         self._discovery: asyncio.Future | None = None  # the SCAN under way: every caller waits for it
-        self.scheduler = Scheduler(self.redis, namespace=config.scheduler_namespace, prefix=config.prefix,
-                                   url=config.url)
+        self._schedulers: dict[str, Scheduler] = {}
+        self._namespaces_found: tuple[float, list[str]] | None = None  # (when, names) of the last SCAN for them
+        self._namespace_discovery: asyncio.Future | None = None  # as _discovery, for scheduler namespaces
         self._events_task: asyncio.Task | None = None
         self._closing = asyncio.Event()
         self._redis_errors = RedisErrors(self.redis, f"at {self.shown_url} (dashboard)")
@@ -98,10 +99,11 @@ class DashboardService:
             self._events_task.cancel()  # may be taken for a lost connection: the loop ends on _closing too
             with contextlib.suppress(asyncio.CancelledError):
                 await self._events_task
-        if self._discovery is not None:
-            self._discovery.cancel()
-            with contextlib.suppress(BaseException):
-                await self._discovery
+        for flight in (self._discovery, self._namespace_discovery):
+            if flight is not None:
+                flight.cancel()
+                with contextlib.suppress(BaseException):
+                    await flight
         if self._owns_client:
             await self.redis.aclose()
 
@@ -306,18 +308,64 @@ class DashboardService:
         """With --queue, only the schedules of those queues are shown (or acted on)."""
         return not self.config.queues or queue in self.config.queues
 
+    def scheduler(self, namespace: str) -> Scheduler:
+        scheduler = self._schedulers.get(namespace)
+        if scheduler is None:
+            scheduler = self._schedulers[namespace] = Scheduler(self.redis, namespace=namespace,
+                                                                prefix=self.config.prefix, url=self.config.url)
+        return scheduler
+
+    async def scheduler_namespaces(self) -> list[str]:
+        """The namespace given, else those that hold a schedule (the operator keeps its
+        schedules in one of its own, `effectmq local` too, the CLI in DEFAULT_NAMESPACE),
+        found as queues are: a SCAN at most every discovery_interval, single flight."""
+        if self.config.scheduler_namespace:
+            return [self.config.scheduler_namespace]
+        last = self._namespaces_found
+        if last is None or time.monotonic() - last[0] >= self.config.discovery_interval:
+            if self._namespace_discovery is None:
+                self._namespace_discovery = flight = asyncio.ensure_future(self._scan_namespaces())
+                flight.add_done_callback(self._namespace_discovery_done)
+            names = await asyncio.shield(self._namespace_discovery)
+        else:
+            names = last[1]
+        return names or [DEFAULT_NAMESPACE]
+
+    def _namespace_discovery_done(self, flight: asyncio.Future) -> None:
+        if self._namespace_discovery is flight:
+            self._namespace_discovery = None
+        if not flight.cancelled():
+            flight.exception()  # retrieved: a failure is each waiter's to report
+
+    async def _scan_namespaces(self) -> list[str]:
+        with self._redis_errors:
+            names = await discover_scheduler_namespaces(self.redis, self.config.prefix)
+        self._namespaces_found = (time.monotonic(), names)
+        return names
+
     async def schedules(self, queue: str | None = None) -> list[dict]:
-        shown = [views.schedule_view(s) for s in await self.scheduler.list(limit=1000)]
+        shown = [{**views.schedule_view(s), "namespace": namespace}
+                 for namespace in await self.scheduler_namespaces()
+                 for s in await self.scheduler(namespace).list(limit=1000)]
         return [s for s in shown if (queue is None or s["queue"] == queue) and self._shows_schedule_of(s["queue"])]
 
     async def set_suspended(self, schedule_id: str, suspend: bool) -> views.ActionResult:
-        status = await self.scheduler.status(schedule_id)
-        if status is None or not self._shows_schedule_of(status.spec.queue if status.spec else None):
+        held = []
+        for namespace in await self.scheduler_namespaces():
+            status = await self.scheduler(namespace).status(schedule_id)
+            if status is not None and self._shows_schedule_of(status.spec.queue if status.spec else None):
+                held.append((namespace, status))
+        if not held:
             return views.ActionResult(404, f"no schedule {schedule_id!r}")
+        if len(held) > 1:
+            return views.ActionResult(409, f"schedule {schedule_id!r} is in scheduler namespaces "
+                                           f"{', '.join(n for n, _ in held)}: start the dashboard with "
+                                           "--scheduler-namespace to act on it")
+        namespace, status = held[0]
         if status.spec is None:
             return views.ActionResult(409, f"schedule {schedule_id!r} has an unreadable definition")
         if status.spec.suspend == suspend:
             return views.ActionResult(200, f"schedule {schedule_id!r} already {'suspended' if suspend else 'running'}")
-        await self.scheduler.put(dataclasses.replace(status.spec, suspend=suspend))
+        await self.scheduler(namespace).put(dataclasses.replace(status.spec, suspend=suspend))
         return views.ActionResult(200, f"schedule {schedule_id!r} {'suspended' if suspend else 'resumed'}")
 

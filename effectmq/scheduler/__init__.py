@@ -15,9 +15,10 @@ from .errors import InvalidSchedule
 from .model import Materialized, ScheduleSpec, ScheduleStatus, TickReport
 from .policy import BACKFILL, COALESCE, SKIP
 from .scheduler import Scheduler
+from .store import DEFAULT_NAMESPACE
 from .timeline import Timeline, timeline
 
 __all__ = [
     "Scheduler", "ScheduleSpec", "ScheduleStatus", "TickReport", "Materialized", "InvalidSchedule",
-    "Timeline", "timeline", "SKIP", "COALESCE", "BACKFILL",
+    "Timeline", "timeline", "SKIP", "COALESCE", "BACKFILL", "DEFAULT_NAMESPACE",
 ]

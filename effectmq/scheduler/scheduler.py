@@ -33,7 +33,7 @@ from ..queue import DEFAULT_DEDUP_WINDOW, TaskQueue
 from . import policy
 from .errors import InvalidSchedule
 from .model import Materialized, ScheduleSpec, ScheduleStatus, TickReport, utc_from_ms
-from .store import APPLIED, FUTURE, LOST, DueBatch, Outcome, Row, ScheduleStore
+from .store import APPLIED, DEFAULT_NAMESPACE, FUTURE, LOST, DueBatch, Outcome, Row, ScheduleStore
 
 log = logging.getLogger("effectmq.scheduler")
 
@@ -93,7 +93,7 @@ class Scheduler(OwnsConnection):
     OFFERS_IN_FLIGHT offers on it at once).
     """
 
-    def __init__(self, redis: str | aioredis.Redis | None = None, *, namespace: str = "default",
+    def __init__(self, redis: str | aioredis.Redis | None = None, *, namespace: str = DEFAULT_NAMESPACE,
                  prefix: str = "emq", batch: int = 1000, error_backoff: float = 30.0,
                  before_offer: BeforeOffer | None = None, after_offer: AfterOffer | None = None,
                  url: str | None = None):

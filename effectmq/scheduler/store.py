@@ -100,13 +100,24 @@ CANDIDATES_AHEAD_MS = 2000
 # advance.lua's answers
 APPLIED, GONE, CHANGED, LOST, FUTURE = 1, 0, -1, -2, -3
 
+# The scheduler namespace of schedules made by hand (the CLI, Python) when none is named.
+# The operator keeps its own (effectmq_operator.connections.SCHEDULER_NAMESPACE) and
+# `effectmq local` its own: each removes schedules no resource backs, only in its namespace.
+DEFAULT_NAMESPACE = "default"
+INDEX = "index"  # the key every namespace with a schedule has (effectmq.discovery finds them by it)
+
+
+def store_base(prefix: str, namespace: str) -> str:
+    """What every key of a namespace's store starts with: one hash tag, one cluster slot."""
+    return f"{{{prefix}-sched:{namespace}}}:"
+
 
 class ScheduleStore:
     """The schedules of one namespace, on one Redis client (decode_responses=True).
 
     `url` (password masked) is how errors name the server."""
 
-    def __init__(self, client: aioredis.Redis, *, namespace: str = "default", prefix: str = "emq",
+    def __init__(self, client: aioredis.Redis, *, namespace: str = DEFAULT_NAMESPACE, prefix: str = "emq",
                  url: str = GIVEN_CLIENT):
         try:
             check_queue_name(namespace)
@@ -114,8 +125,8 @@ class ScheduleStore:
             raise InvalidSchedule(f"invalid scheduler namespace {namespace!r}: letters, digits and . _ : / -") from None
         self.client = client
         self.namespace = namespace
-        self.base = f"{{{prefix}-sched:{namespace}}}:"
-        self.due_key, self.index_key, self.changes_key = self.base + "due", self.base + "index", self.base + "changes"
+        self.base = store_base(prefix, namespace)
+        self.due_key, self.index_key, self.changes_key = self.base + "due", self.base + INDEX, self.base + "changes"
         self.keys = [self.due_key, self.index_key, self.changes_key]  # lib.lua's KEYS[1..3]
         self._scripts = {op: client.register_script(source(op)) for op in OPERATIONS}
         self._redis_errors = RedisErrors(client, f"at {url} (scheduler namespace {namespace!r})")

@@ -13,7 +13,7 @@ import redis
 import redis.asyncio as aioredis
 
 from effectmq import TaskQueue
-from effectmq.dashboard.discovery import discover_queues
+from effectmq.discovery import discover_queues
 from tests.fixtures.redis import free_port
 
 pytestmark = pytest.mark.timeout(60)

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import pytest
 
 from effectmq.dashboard import auth, views
-from effectmq.dashboard.discovery import queue_name_of
+from effectmq.discovery import queue_name_of
 from effectmq.errors import STALLED, ErrorInfo
 from effectmq.models import AttemptRecord, QueueStats, TaskInfo, ThroughputPoint
 from effectmq.protocol import RawFields

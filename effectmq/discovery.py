@@ -1,10 +1,14 @@
-"""Which queues a Redis holds: every queue has keys ``{<prefix>:<queue>}:...`` (keys.py)."""
+"""What a Redis holds, found by SCAN (never KEYS: Redis is not blocked): the queues
+(every queue has keys ``{<prefix>:<queue>}:...``, keys.py) and the scheduler namespaces
+(``{<prefix>-sched:<namespace>}:...``, scheduler/store.py). The dashboard and the CLI
+show them, and name them when a name given matches none."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..keys import QUEUE_NAME, QueueKeys
+from .keys import QUEUE_NAME, QueueKeys
+from .scheduler.store import INDEX, store_base
 
 # Keys every queue that was ever used has: "seq" (a task was enqueued) or "meta" (it
 # was configured). Matched by SCAN on the server, so only those keys travel.
@@ -43,6 +47,23 @@ async def queue_exists(redis: Any, prefix: str, name: str) -> bool:
     """Whether the queue has one of its MARKERS keys: two keys of one slot, O(1)."""
     keys = QueueKeys(prefix, name)
     return bool(await redis.exists(*(keys.key(marker) for marker in MARKERS)))
+
+
+async def discover_scheduler_namespaces(redis: Any, prefix: str = "emq") -> list[str]:
+    """The scheduler namespaces that hold a schedule (their index key), sorted."""
+    found: set[str] = set()
+    head, tail = store_base(prefix, "\0").split("\0")
+    pattern = store_base(_glob_escape(prefix), "*") + INDEX
+    async for raw in redis.scan_iter(match=pattern, count=SCAN_COUNT, NEVER_DECODE=True):
+        try:
+            key = raw.decode() if isinstance(raw, bytes) else raw
+        except UnicodeDecodeError:
+            continue
+        if key.startswith(head) and key.endswith(tail + INDEX):
+            namespace = key[len(head):-len(tail + INDEX)]
+            if "}" not in namespace and QUEUE_NAME.match(namespace):  # as ScheduleStore checks them
+                found.add(namespace)
+    return sorted(found)
 
 
 def _glob_escape(text: str) -> str:
