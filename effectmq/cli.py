@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
+import inspect
 import json
 import logging
 import os
 import signal
 import sys
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 from .app import App
-from .clitools import CAST_KINDS, URL_HELP, emit, env
-from .connection import url_from_env
-from .errors import EffectMQError
+from .clitools import (CAST_KINDS, FAILED, PROG, UNAVAILABLE, URL_HELP, USAGE, BadSetting, CommandError, Parser,
+                       choice, deprecated, emit, env, log_level_option, port_or_off, say, setup_logging)
+from .connection import RedisErrors, url_from_env
+from .discovery import discover_queues, queue_exists
+from .errors import EffectMQError, InvalidOption, RedisUnavailable
 from .loops import LOOPS, loop_factory
 from .queue import TaskQueue
 from .worker import Worker
@@ -79,10 +83,11 @@ class StopSignals:
 
 
 def load_target(spec: str) -> App | dict:
-    """Import `module:attr` and return the App (or dict of handlers) it names."""
+    """Import `module:attr` and return the App (or dict of handlers) it names; a function
+    that takes no arguments is called for it (an application factory)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise SystemExit(f"effectmq: handlers must look like 'package.module:app', got {spec!r}")
+        raise CommandError(f"handlers must look like 'package.module:app', got {spec!r}")
     # The working directory after the standard library and the installed packages, never
     # ahead of them: a writable folder first on the path could shadow any module.
     if os.getcwd() not in sys.path:
@@ -90,30 +95,66 @@ def load_target(spec: str) -> App | dict:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise SystemExit(f"effectmq: cannot import handler module {module_name!r}: {exc}") from None
+        raise CommandError(f"cannot import handler module {module_name!r}: {exc}") from None
     try:
         target = getattr(module, attr)
     except AttributeError:
-        raise SystemExit(f"effectmq: module {module_name!r} has no attribute {attr!r}") from None
+        raise CommandError(f"module {module_name!r} has no attribute {attr!r}") from None
+    wanted = f"{spec} must name an effectmq.App, a dict of handlers, or a function without arguments that returns one"
     if callable(target) and not isinstance(target, (App, dict)):
-        target = target()
+        try:
+            inspect.signature(target).bind()
+        except TypeError:
+            raise CommandError(f"{wanted}; {module_name}.{attr} takes arguments") from None
+        except ValueError:  # a builtin without a signature: it is no factory of ours
+            raise CommandError(f"{wanted}, got {type(target).__name__}") from None
+        target = target()  # the factory's own errors are the application's: shown with their traceback
     if not isinstance(target, (App, dict)):
-        raise SystemExit(f"effectmq: {spec} must be an effectmq.App or a dict of handlers, got {type(target).__name__}")
+        raise CommandError(f"{wanted}, got {type(target).__name__}")
     return target
 
 
-def _queue_args(p: argparse.ArgumentParser) -> None:
+def _queue_args(p: argparse.ArgumentParser, *, json_help: str = "print JSON instead of text") -> None:
     p.add_argument("--queue", "-q", default=env("EFFECTMQ_QUEUE"), help="queue name [EFFECTMQ_QUEUE]")
     p.add_argument("--url", help=URL_HELP)
-    p.add_argument("--prefix", default=env("EFFECTMQ_PREFIX"), help="key prefix, default emq [EFFECTMQ_PREFIX]")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--log-level", default=env("EFFECTMQ_LOG_LEVEL", "INFO"), help="[EFFECTMQ_LOG_LEVEL]")
+    p.add_argument("--prefix", default=env("EFFECTMQ_PREFIX"),
+                   help="key prefix in Redis; default: emq (a worker: its App's, else emq) [EFFECTMQ_PREFIX]")
+    p.add_argument("--json", action="store_true", help=json_help)
+    log_level_option(p)
 
 
 def _queue(args) -> TaskQueue:
     if not args.queue:
-        raise SystemExit("effectmq: no queue given (--queue or EFFECTMQ_QUEUE)")
+        raise CommandError("no queue given (--queue or EFFECTMQ_QUEUE)")
     return TaskQueue(args.queue, url=args.url, **_given(args, "prefix"))
+
+
+@contextlib.asynccontextmanager
+async def _known_queue(args, *, create: bool = False) -> AsyncIterator[TaskQueue]:
+    """The queue, when it exists in that Redis (or `create`): a mistyped name is an error
+    that names the queues there, never a read of nothing or a queue made by mistake."""
+    async with _queue(args) as q:
+        prefix = q.keys.prefix
+        if not create:
+            with RedisErrors(q.redis, f"at {q.url} (queue {q.name!r})"):
+                if not await queue_exists(q.redis, prefix, q.name):
+                    known = await discover_queues(q.redis, prefix)
+                    raise CommandError(_unknown_queue(q, prefix, known, args.command))
+        yield q
+
+
+KNOWN_SHOWN = 20  # queue names a hint lists at most
+
+
+def _unknown_queue(q: TaskQueue, prefix: str, known: list[str], command: str) -> str:
+    if known:
+        more = f" and {len(known) - KNOWN_SHOWN} more" if len(known) > KNOWN_SHOWN else ""
+        hint = f"known queues: {', '.join(known[:KNOWN_SHOWN])}{more}"
+    else:
+        hint = f"no queue found under prefix {prefix!r} (check --url and --prefix)"
+    if command == "pause":
+        hint += "; pause --create pauses a queue before its first task"
+    return f"no queue {q.name!r} at {q.url}; {hint}"
 
 
 def _given(args, *names: str) -> dict[str, Any]:
@@ -131,7 +172,7 @@ async def cmd_worker(args) -> int:
     target = load_target(args.handlers)
     queue_name = args.queue or (target.queue_name if isinstance(target, App) else None)
     if not queue_name:
-        raise SystemExit("effectmq: no queue given (--queue, EFFECTMQ_QUEUE, or an App with a queue name)")
+        raise CommandError("no queue given (--queue, EFFECTMQ_QUEUE, or an App with a queue name)")
     # Flags and the environment win; what they leave unsaid comes from the App, then the defaults.
     app = target if isinstance(target, App) else None
     options = {**(app.queue_options if app else {}), **_given(args, "prefix", "lock_timeout")}
@@ -154,24 +195,23 @@ async def cmd_worker(args) -> int:
 
 
 async def cmd_stats(args) -> int:
-    async with _queue(args) as q:
+    async with _known_queue(args) as q:
         stats = await q.stats()
     emit(args, stats.to_json(), lambda s: "\n".join(f"{k:>24}: {v}" for k, v in s.items()))
     return 0
 
 
 async def cmd_task(args) -> int:
-    async with _queue(args) as q:
+    async with _known_queue(args) as q:
         info = await q.get(args.task_id)
     if info is None:
-        print(f"effectmq: no task {args.task_id!r} in queue {args.queue!r}", file=sys.stderr)
-        return 1
+        raise CommandError(f"no task {args.task_id!r} in queue {args.queue!r}", FAILED)
     emit(args, info.to_json(), _human_task)
     return 0
 
 
 async def cmd_dead_letters(args) -> int:
-    async with _queue(args) as q:
+    async with _known_queue(args) as q:
         if args.retry_all:
             tasks = await q.dead_letters(limit=args.limit)
             for t in tasks:
@@ -199,9 +239,8 @@ async def cmd_offer(args) -> int:
     try:
         payload = json.loads(args.payload) if args.payload is not None else None
     except ValueError as exc:
-        print(f"effectmq: payload is not valid JSON: {exc}", file=sys.stderr)
-        return 2
-    async with _queue(args) as q:
+        raise CommandError(f"payload is not valid JSON: {exc}") from None
+    async with _queue(args) as q:  # offering is how a queue comes to be
         offered = await q.offer(args.name, payload, task_id=args.task_id, delay=args.delay, priority=args.priority)
     emit(args, offered._asdict(), lambda o: f"{'offered' if o['created'] else 'already known'}: {o['task_id']}")
     return 0
@@ -209,24 +248,20 @@ async def cmd_offer(args) -> int:
 
 def _simple(action: str) -> Callable:
     async def run(args) -> int:
-        async with _queue(args) as q:
+        async with _known_queue(args, create=getattr(args, "create", False)) as q:
             if action in ("retry", "cancel"):
                 was = await getattr(q, action)(args.task_id)
                 emit(args, {"task_id": args.task_id, "was": was},
                        lambda v: f"{action}: {v['task_id']} (was {v['was'] or 'unknown'})")
                 return 0 if was else 1
             if action == "maintain":
-                report = await q.maintain(batch=args.batch)
+                report = await q.maintain(batch=args.maintenance_batch)
                 emit(args, report.to_json(), lambda r: " ".join(f"{k}={v}" for k, v in r.items()))
                 return 0
             await getattr(q, action)()
             emit(args, {"queue": q.name, action: True}, lambda v: f"{action}d queue {q.name}")
             return 0
     return run
-
-
-class _BadSetting(argparse.ArgumentTypeError, ValueError):
-    """A flag's message for argparse, a ValueError for clitools.env."""
 
 
 def prefetch_setting(value: str) -> int | None:
@@ -238,7 +273,7 @@ def prefetch_setting(value: str) -> int | None:
     except ValueError:
         number = -1
     if number < 0:
-        raise _BadSetting(f"prefetch must be auto or a non-negative integer, got {value!r}")
+        raise BadSetting(f"prefetch must be auto or a non-negative integer, got {value!r}")
     return number
 
 
@@ -246,36 +281,39 @@ CAST_KINDS[prefetch_setting] = "auto or a non-negative integer"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="effectmq", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog=PROG, description=__doc__.splitlines()[0],
+                    epilog="Every command's options, defaults and exit codes: docs/cli.md")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    w = sub.add_parser("worker", help="run handlers for a queue")
+    w = sub.add_parser("worker", help="run handlers for a queue", description="Run handlers for a queue until "
+                       "SIGTERM or SIGINT, which drain: running attempts get --drain-timeout to finish.")
     w.add_argument("handlers", nargs="?", default=env("EFFECTMQ_HANDLERS"),
-                   help="module:attr of an effectmq.App or dict of handlers [EFFECTMQ_HANDLERS]")
-    _queue_args(w)
+                   help="module:attr of an effectmq.App, a dict of handlers, or a function without arguments "
+                   "that returns one [EFFECTMQ_HANDLERS]")
+    _queue_args(w, json_help="write the log as JSON objects, one a line (time, level, logger, message)")
     w.add_argument("--concurrency", "-c", type=int, default=env("EFFECTMQ_CONCURRENCY", 10, int),
                    help="attempts in flight per process [EFFECTMQ_CONCURRENCY]")
     w.add_argument("--prefetch", type=prefetch_setting, default=env("EFFECTMQ_PREFETCH", None, prefetch_setting),
                    help="leases held ahead per process, started as handlers return: auto (the default: as many "
                    "as --concurrency while handlers are short), or a number (0: none) [EFFECTMQ_PREFETCH]")
     w.add_argument("--lock-timeout", type=float, default=env("EFFECTMQ_LOCK_TIMEOUT", None, float),
-                   help="lease length in seconds, default the App's or 30 [EFFECTMQ_LOCK_TIMEOUT]")
+                   help="lease length in seconds; default: the App's, else 30 [EFFECTMQ_LOCK_TIMEOUT]")
     w.add_argument("--lock-refresh", type=float, default=env("EFFECTMQ_LOCK_REFRESH", None, float),
-                   help="renew interval, default a third of the lease [EFFECTMQ_LOCK_REFRESH]")
+                   help="seconds between lease renewals; default: a third of the lease [EFFECTMQ_LOCK_REFRESH]")
     w.add_argument("--drain-timeout", type=float, default=env("EFFECTMQ_DRAIN_TIMEOUT", 30.0, float),
                    help="seconds in-flight attempts get on SIGTERM before release [EFFECTMQ_DRAIN_TIMEOUT]")
     w.add_argument("--maintenance-interval", type=float, default=env("EFFECTMQ_MAINTENANCE_INTERVAL", 5.0, float),
-                   help="longest gap between bounded maintenance passes; shorter while work falls due "
+                   help="longest gap between bounded maintenance passes, seconds; shorter while work falls due "
                    "[EFFECTMQ_MAINTENANCE_INTERVAL]")
-    w.add_argument("--maintenance-batch", type=int, default=env("EFFECTMQ_MAINTENANCE_BATCH", 100, int),
-                   help="items per sweep of one maintenance call [EFFECTMQ_MAINTENANCE_BATCH]")
-    w.add_argument("--metrics-port", type=int, default=env("EFFECTMQ_METRICS_PORT", None, int),
-                   help="serve Prometheus metrics on this port [EFFECTMQ_METRICS_PORT]")
+    _maintenance_batch(w)
+    w.add_argument("--metrics-port", type=port_or_off, default=env("EFFECTMQ_METRICS_PORT", None, port_or_off),
+                   help="serve Prometheus metrics and the probes /livez and /readyz on this port; default: "
+                   "none (0: none) [EFFECTMQ_METRICS_PORT]")
     w.add_argument("--loop-block-warning", type=float, default=env("EFFECTMQ_LOOP_BLOCK_WARNING", 1.0, float),
                    help="warn, with the stuck stack, when the event loop runs nothing for this many seconds "
                    "(0 = off) [EFFECTMQ_LOOP_BLOCK_WARNING]")
-    w.add_argument("--loop", choices=LOOPS, default=env("EFFECTMQ_LOOP", "asyncio"),
-                   help="event loop: asyncio's, uvloop (pip install effectmq[uvloop]), or auto = uvloop "
+    w.add_argument("--loop", choices=LOOPS, default=env("EFFECTMQ_LOOP", "asyncio", choice(*LOOPS)),
+                   help="event loop: asyncio's, uvloop (pip install 'effectmq[uvloop]'), or auto = uvloop "
                    "when installed [EFFECTMQ_LOOP]")
     w.set_defaults(run=cmd_worker)
 
@@ -284,39 +322,46 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(run=cmd_stats)
 
     t = sub.add_parser("task", help="show one task")
-    t.add_argument("task_id")
+    t.add_argument("task_id", help="the task's id")
     _queue_args(t)
     t.set_defaults(run=cmd_task)
 
     d = sub.add_parser("dead-letters", help="list (or retry) tasks that failed for good")
     _queue_args(d)
-    d.add_argument("--limit", type=int, default=50)
-    d.add_argument("--offset", type=int, default=0)
+    d.add_argument("--limit", type=int, default=50, help="dead letters listed (or retried) at most")
+    d.add_argument("--offset", type=int, default=0, help="dead letters skipped first, newest first")
     d.add_argument("--retry-all", action="store_true", help="send the listed dead letters back to waiting")
     d.set_defaults(run=cmd_dead_letters)
 
-    o = sub.add_parser("offer", help="offer one task (payload as JSON)")
-    o.add_argument("name")
-    o.add_argument("payload", nargs="?")
-    o.add_argument("--task-id")
-    o.add_argument("--delay", type=float)
-    o.add_argument("--priority", type=int, default=0)
+    o = sub.add_parser("offer", help="offer one task (payload as JSON)",
+                       description="Offer one task; the queue is made by its first task.")
+    o.add_argument("name", help="the task's name, as its handler is registered")
+    o.add_argument("payload", nargs="?", help="the payload as JSON, e.g. '{\"to\": \"a@example.com\"}'; default: null")
+    o.add_argument("--task-id", help="the task's id: offering one id again leaves the task untouched; default: "
+                   "a new random id")
+    o.add_argument("--delay", type=float, help="seconds before the task may start; default: none")
+    o.add_argument("--priority", type=int, default=0, help="higher runs first, -1000 to 1000")
     _queue_args(o)
     o.set_defaults(run=cmd_offer)
 
     for action, help_text in (("retry", "send a failed or canceled task back to waiting"),
                               ("cancel", "cancel a task that has not settled")):
         p = sub.add_parser(action, help=help_text)
-        p.add_argument("task_id")
+        p.add_argument("task_id", help="the task's id")
         _queue_args(p)
         p.set_defaults(run=_simple(action))
     for action in ("pause", "resume"):
         p = sub.add_parser(action, help=f"{action} acquisition on a queue")
         _queue_args(p)
+        if action == "pause":
+            p.add_argument("--create", action="store_true",
+                           help="pause a queue that does not exist yet, so that workers find it paused (without "
+                           "it, an unknown queue is an error: a mistyped name makes nothing)")
         p.set_defaults(run=_simple(action))
     m = sub.add_parser("maintain", help="run one bounded maintenance pass")
     _queue_args(m)
-    m.add_argument("--batch", type=int, default=100)
+    _maintenance_batch(m)
+    deprecated(m, "--batch", replacement="--maintenance-batch", dest="maintenance_batch", type=int)
     m.set_defaults(run=_simple("maintain"))
 
     for extension in ("effectmq.scheduler.cli", "effectmq.dashboard.cli", "effectmq_operator.local.cli"):
@@ -328,6 +373,13 @@ def build_parser() -> argparse.ArgumentParser:
             continue  # that package is not installed
         module.register(sub)
     return parser
+
+
+def _maintenance_batch(p: argparse.ArgumentParser) -> None:
+    default = inspect.signature(Worker).parameters["maintenance_batch"].default
+    p.add_argument("--maintenance-batch", type=int, default=env("EFFECTMQ_MAINTENANCE_BATCH", default, int),
+                   help="items per sweep of one maintenance call (at most 5000: one Lua script each) "
+                   "[EFFECTMQ_MAINTENANCE_BATCH]")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -345,20 +397,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str], stop_signals: StopSignals | None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=getattr(args, "log_level", "INFO").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command == "worker" and not args.handlers:
-        print("effectmq: worker needs handlers (module:attr or EFFECTMQ_HANDLERS)", file=sys.stderr)
-        return 2
-    args.stop_signals = stop_signals
+    """Parse, run, and turn what went wrong into one line on stderr and an exit code
+    (clitools.EXIT_CODES); a traceback is shown only for what is a bug."""
     try:
+        args = build_parser().parse_args(argv)
+        setup_logging(args.log_level, as_json=args.command == "worker" and args.json)
+        if args.command == "worker" and not args.handlers:
+            raise CommandError("worker needs handlers (module:attr or EFFECTMQ_HANDLERS)")
+        args.stop_signals = stop_signals
         with asyncio.Runner(loop_factory=loop_factory(getattr(args, "loop", "asyncio"))) as runner:
             return runner.run(args.run(args))
+    except CommandError as exc:
+        message, code = str(exc), exc.code
+    except InvalidOption as exc:  # a value the library refused (a bad URL, a negative delay, a cron field)
+        message, code = str(exc), USAGE
+    except RedisUnavailable as exc:
+        message, code = str(exc), UNAVAILABLE
     except EffectMQError as exc:
-        print(f"effectmq: {exc}", file=sys.stderr)
-        return 1
+        message, code = str(exc), FAILED
     except KeyboardInterrupt:
         return 130
+    say("error", message)
+    return code
 
 
 if __name__ == "__main__":

@@ -21,9 +21,8 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 
-from ..clitools import URL_HELP, env, env_flag
+from ..clitools import URL_HELP, CommandError, env, env_flag, log_level_option, needs_extras, port
 from ..connection import url_from_env
 from ..errors import InvalidOption
 
@@ -32,7 +31,7 @@ log = logging.getLogger("effectmq.dashboard")
 WILDCARD_BINDS = ("", "0.0.0.0", "::", "*")
 
 
-class StartupError(Exception):
+class StartupError(CommandError):
     """A configuration the dashboard refuses to start with (exit status 2)."""
 
 
@@ -81,17 +80,11 @@ def config_from_args(args):
 
 
 async def cmd_dashboard(args) -> int:
-    try:
-        config = config_from_args(args)
+    config = config_from_args(args)
+    with needs_extras("effectmq dashboard"):
         from aiohttp import web
 
         from .web import create_app
-    except StartupError as exc:
-        print(f"effectmq dashboard: {exc}", file=sys.stderr)
-        return 2
-    except ModuleNotFoundError as exc:
-        print(f"effectmq dashboard: {exc.name} is missing: pip install 'effectmq[dashboard]'", file=sys.stderr)
-        return 2
     app = create_app(config)
     from aiohttp import web_response
 
@@ -136,9 +129,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a queue to show (repeat it); default: every queue found in Redis "
                    "[EFFECTMQ_DASHBOARD_QUEUES, comma-separated]")
     p.add_argument("--host", default=env("EFFECTMQ_DASHBOARD_HOST", "127.0.0.1"),
-                   help="address to bind [EFFECTMQ_DASHBOARD_HOST, default 127.0.0.1]")
-    p.add_argument("--port", type=int, default=env("EFFECTMQ_DASHBOARD_PORT", 8080, int),
-                   help="[EFFECTMQ_DASHBOARD_PORT, default 8080]")
+                   help="address to bind [EFFECTMQ_DASHBOARD_HOST]")
+    p.add_argument("--port", type=port, default=env("EFFECTMQ_DASHBOARD_PORT", 8080, port),
+                   help="port to listen on [EFFECTMQ_DASHBOARD_PORT]")
     p.add_argument("--actions", action="store_true",
                    default=env_flag("EFFECTMQ_DASHBOARD_ACTIONS"),
                    help="enable retry/cancel/pause/suspend (needs a token) [EFFECTMQ_DASHBOARD_ACTIONS=true]")
@@ -164,8 +157,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="keep lifecycle events written for every queue shown (a write per queue every 20 s), "
                    "as --actions does; a read-only dashboard otherwise writes nothing "
                    "[EFFECTMQ_DASHBOARD_WANT_EVENTS=true]")
-    p.add_argument("--prefix", default=env("EFFECTMQ_PREFIX", "emq"), help="key prefix [EFFECTMQ_PREFIX]")
-    p.add_argument("--scheduler-namespace", default=env("EFFECTMQ_SCHEDULER_NAMESPACE", "default"),
-                   help="whose schedules to show [EFFECTMQ_SCHEDULER_NAMESPACE]")
-    p.add_argument("--log-level", default=env("EFFECTMQ_LOG_LEVEL", "INFO"), help="[EFFECTMQ_LOG_LEVEL]")
+    p.add_argument("--prefix", default=env("EFFECTMQ_PREFIX", "emq"), help="key prefix in Redis [EFFECTMQ_PREFIX]")
+    p.add_argument("--scheduler-namespace", default=env("EFFECTMQ_SCHEDULER_NAMESPACE"),
+                   help="the scheduler namespace whose schedules to show; default: every namespace that holds a "
+                   "schedule (docs/cli.md, Scheduler namespaces) [EFFECTMQ_SCHEDULER_NAMESPACE]")
+    log_level_option(p)
     p.set_defaults(run=cmd_dashboard)
+

@@ -6,15 +6,11 @@ import argparse
 import asyncio
 import math
 import os
+import sys
 
-import kopf
-from prometheus_client import start_http_server
+from effectmq.clitools import USAGE, HelpFormatter, Parser, missing_extra, say
 
-from .connections import CONNECTIONS_PER_REDIS
-from .controller import RECONCILES_AT_ONCE
-from .handlers import OperatorOptions  # importing handlers registers them with kopf
-from .kube import API_THREADS
-from .leader import LEASE_SECONDS
+PROG = "effectmq-operator"
 
 
 def _whole(minimum: int, maximum: int | None = None):
@@ -45,24 +41,50 @@ def _option(parser: argparse.ArgumentParser, flag: str, env: str, default: objec
     parser.add_argument(flag, type=checked, default=os.environ.get(env) or str(default), help=f"{help} (${env})")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="effectmq-operator", description="The EffectMQ Kubernetes operator")
+def build_parser() -> argparse.ArgumentParser:
+    """The operator's options; their defaults come from the modules that use them, which
+    need the operator extra (kopf, kubernetes)."""
+    from .connections import CONNECTIONS_PER_REDIS
+    from .controller import RECONCILES_AT_ONCE
+    from .kube import API_THREADS
+    from .leader import LEASE_SECONDS
+
+    parser = Parser(prog=PROG, description="The EffectMQ Kubernetes operator: reconciles Queues and Schedules.",
+                    formatter_class=HelpFormatter)
     parser.add_argument("--namespace", "-n", action="append", default=[],
-                        help="watch only these namespaces (default: the whole cluster)")
-    parser.add_argument("--liveness", default=os.environ.get("EFFECTMQ_OPERATOR_LIVENESS", "http://0.0.0.0:8080/healthz"),
-                        help="liveness endpoint URL (kopf)")
+                        help="a Kubernetes namespace to watch (repeat it); default: $EFFECTMQ_WATCH_NAMESPACES "
+                        "(comma-separated), else the whole cluster")
+    parser.add_argument("--liveness",
+                        default=os.environ.get("EFFECTMQ_OPERATOR_LIVENESS", "http://0.0.0.0:8080/healthz"),
+                        help="liveness endpoint URL, served by kopf ($EFFECTMQ_OPERATOR_LIVENESS)")
     _option(parser, "--metrics-port", "EFFECTMQ_OPERATOR_METRICS_PORT", 9090, _whole(0, 65535), "a port number",
             "Prometheus metrics port (0: off)")
     _option(parser, "--lease-seconds", "EFFECTMQ_OPERATOR_LEASE_SECONDS", LEASE_SECONDS, _seconds,
-            "a positive number of seconds", f"leader election: how long a leader's Lease lasts (default {LEASE_SECONDS})")
+            "a positive number of seconds", "leader election: how long a leader's Lease lasts")
     _option(parser, "--api-threads", "EFFECTMQ_OPERATOR_API_THREADS", API_THREADS, _whole(1), "a positive whole number",
-            f"Kubernetes API calls in flight at once (default {API_THREADS})")
+            "Kubernetes API calls in flight at once")
     _option(parser, "--redis-connections", "EFFECTMQ_OPERATOR_REDIS_CONNECTIONS", CONNECTIONS_PER_REDIS, _whole(1),
-            "a positive whole number",
-            f"connections, and polls at once, per distinct Redis (default {CONNECTIONS_PER_REDIS})")
+            "a positive whole number", "connections, and polls at once, per distinct Redis")
     _option(parser, "--reconciles", "EFFECTMQ_OPERATOR_RECONCILES", RECONCILES_AT_ONCE, _whole(1),
-            "a positive whole number", f"Queue reconciles in flight at once (default {RECONCILES_AT_ONCE})")
-    parser.add_argument("--verbose", action="store_true")
+            "a positive whole number", "Queue reconciles in flight at once")
+    parser.add_argument("--verbose", action="store_true", help="log kopf's debug messages")
+    return parser
+
+
+def main() -> None:
+    try:
+        import kopf
+        from prometheus_client import start_http_server
+
+        from .handlers import OperatorOptions  # importing handlers registers them with kopf
+
+        parser = build_parser()
+    except ModuleNotFoundError as exc:
+        hint = missing_extra(exc, PROG)
+        if hint is None:
+            raise
+        say("error", str(hint), PROG)
+        sys.exit(USAGE)
     args = parser.parse_args()
     kopf.configure(verbose=args.verbose, log_prefix=True)
     if args.metrics_port:

@@ -179,3 +179,55 @@ def test_no_answer_of_the_process_names_a_version(tmp_path, redis_url):
             assert server == ["Server: effectmq-dashboard"], head
     finally:
         assert stop_process(dash.proc) == 0, dash.log()
+
+
+def test_startup_errors_have_the_one_prefix_of_effectmq():
+    """Was "effectmq dashboard: ..."; every command now says "effectmq: error: ..." (docs/cli.md)."""
+    done = run("--url", "redis://127.0.0.1:1/0", "--actions")
+    assert done.returncode == 2 and done.stderr.startswith("effectmq: error: --actions needs a token"), done.stderr
+
+
+async def test_the_schedules_of_every_scheduler_namespace_are_shown(tmp_path, redis_url):
+    """Issue 39: the chart's dashboard showed no schedules: the operator keeps them under
+    scheduler namespace `k8s`, the dashboard looked in `default` only."""
+    import json
+
+    from effectmq.scheduler import Scheduler, ScheduleSpec
+    from effectmq_operator.connections import SCHEDULER_NAMESPACE as OPERATOR_NAMESPACE
+
+    for namespace, schedule_id in ((OPERATOR_NAMESPACE, "shop/nightly"), ("default", "by-hand"),
+                                   ("other", "by-hand")):
+        async with Scheduler(redis_url, namespace=namespace) as scheduler:
+            await scheduler.put(ScheduleSpec(id=schedule_id, queue="emails", cron="0 2 * * *", task="job"))
+    token = tmp_path / "token"
+    token.write_text("tok-123-4567-89ab\n")
+    dash = Dashboard(tmp_path, "--url", redis_url, "--actions", "--token-file", str(token))
+    try:
+        status, body = get(dash.base + "/api/schedules")
+        assert status == 200, body
+        shown = sorted((s["namespace"], s["id"]) for s in json.loads(body)["schedules"])
+        assert shown == [("default", "by-hand"), ("k8s", "shop/nightly"), ("other", "by-hand")]
+
+        def post(path: str) -> tuple[int, str]:
+            request = urllib.request.Request(dash.base + path, method="POST",
+                                             headers={"Authorization": "Bearer tok-123-4567-89ab"})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as exc:
+                return exc.code, exc.read().decode()
+
+        status, body = post("/api/schedules/shop%2Fnightly/suspend")
+        assert status == 200, body
+        async with Scheduler(redis_url, namespace=OPERATOR_NAMESPACE) as scheduler:
+            assert (await scheduler.status("shop/nightly")).suspended
+        status, body = post("/api/schedules/by-hand/suspend")  # which one? it does not guess
+        assert status == 409 and "--scheduler-namespace" in body, body
+    finally:
+        assert stop_process(dash.proc) == 0, dash.log()
+    only = Dashboard(tmp_path, "--url", redis_url, "--scheduler-namespace", "k8s")
+    try:
+        status, body = get(only.base + "/api/schedules")
+        assert status == 200 and "shop/nightly" in body and "by-hand" not in body, body
+    finally:
+        assert stop_process(only.proc) == 0, only.log()

@@ -204,7 +204,7 @@ def test_a_url_from_a_secret_reaches_local_workers_by_a_private_file(tmp_path, m
     manifest["spec"]["redis"] = {"urlFrom": {"secretKeyRef": {"name": "redis-credentials", "key": "url"}}}
     manifest["spec"]["scaling"].update(minReplicas=1, pollIntervalSeconds=1)
     (tmp_path / "queue.yaml").write_text(yaml.safe_dump(manifest))
-    local = Local(tmp_path, str(tmp_path / "queue.yaml"), "--redis-url", server.url, port=free_port())
+    local = Local(tmp_path, str(tmp_path / "queue.yaml"), "--url", server.url, port=free_port())
     try:
         local.wait_line(r"workers=1", timeout=60)
         q = effectmq.SyncTaskQueue("default/emails", url=server.url)
@@ -225,3 +225,35 @@ def test_a_url_from_a_secret_reaches_local_workers_by_a_private_file(tmp_path, m
         assert local.stop() == 0, "\n".join(local.lines()[-30:])
     assert not url_file.parent.exists()
     assert PASSWORD not in "\n".join(local.lines())
+
+
+def test_url_is_the_flag_of_every_command_and_redis_url_warns(tmp_path, capsys):
+    """`effectmq local` alone took --redis-url; it takes --url as every command does, and
+    the old spelling still works with a warning."""
+    from effectmq.cli import build_parser
+
+    assert build_parser().parse_args(["local", "--url", "redis://h:1/0"]).url == "redis://h:1/0"
+    assert capsys.readouterr().err == ""
+    assert build_parser().parse_args(["local", "--redis-url", "redis://h:1/0"]).url == "redis://h:1/0"
+    assert "effectmq: warning: --redis-url is deprecated: use --url" in capsys.readouterr().err
+    path = os.pathsep.join([str(ROOT), str(ROOT / "operator")])
+    res = subprocess.run([sys.executable, "-m", "effectmq", "local", str(tmp_path / "none.yaml"), "--no-view",
+                          "--redis-url", "redis://127.0.0.1:1/0"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": path})
+    assert res.returncode == 2 and "effectmq: warning: --redis-url is deprecated: use --url" in res.stderr, res.stderr
+    assert "effectmq: error: " in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_without_the_operator_extra_it_says_what_to_install(tmp_path):
+    """Was a traceback ending in "No module named 'celpy'" (manifests are checked with CEL)."""
+    hide = tmp_path / "hide" / "celpy"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'celpy'\", name='celpy')\n")
+    res = subprocess.run([sys.executable, "-m", "effectmq", "local", "--no-view", "--redis-port", str(free_port()),
+                          "--data-dir", str(tmp_path / "data")], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(hide.parent), str(ROOT),
+                                                                          str(ROOT / "operator")])})
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith("effectmq: error: ") and "pip install 'effectmq[operator]'" in res.stderr, res.stderr
+    assert not (tmp_path / "data").exists()  # refused before it started anything

@@ -1,5 +1,6 @@
 """The inspection CLI, human and JSON output, against a real Redis."""
 
+import asyncio
 import json
 import os
 import subprocess
@@ -89,7 +90,7 @@ async def test_without_uvloop_auto_falls_back_and_an_explicit_ask_fails_clearly(
     assert bad.returncode == 2 and "invalid choice: 'trio'" in bad.stderr
     bad_env = subprocess.run([sys.executable, "-m", "effectmq", "worker", "m:app"], cwd=ROOT, capture_output=True,
                              text=True, timeout=60, env={**os.environ, "EFFECTMQ_LOOP": "trio"})
-    assert bad_env.returncode == 1 and "EFFECTMQ_LOOP must be one of auto, uvloop, asyncio, got 'trio'" in bad_env.stderr
+    assert bad_env.returncode == 2 and "EFFECTMQ_LOOP must be one of auto, uvloop, asyncio, got 'trio'" in bad_env.stderr
 
 
 async def test_the_worker_serves_the_apps_own_redis_and_options_unless_told_otherwise(redis_url, tmp_path):
@@ -113,11 +114,51 @@ async def test_the_worker_serves_the_apps_own_redis_and_options_unless_told_othe
             assert await q.wait("c1", timeout=20) == 42
         except TimeoutError:
             raise AssertionError(log.read_text()) from None
-        # an explicit flag still wins over the App: the same App, told another prefix
+        # an explicit flag still wins over the App: the same App, told another prefix, finds no such queue
         override = subprocess.run([sys.executable, "-m", "effectmq", "stats", "--queue", "billing", "--url", redis_url,
                                    "--prefix", "other", "--json"], env=env, cwd=ROOT, capture_output=True, text=True)
-        assert json.loads(override.stdout)["completed"] == 0
+        assert override.returncode == 2 and "no queue found under prefix 'other'" in override.stderr, override.stderr
+        same = subprocess.run([sys.executable, "-m", "effectmq", "stats", "--queue", "billing", "--url", redis_url,
+                               "--prefix", "billing", "--json"], env=env, cwd=ROOT, capture_output=True, text=True)
+        assert json.loads(same.stdout)["completed"] == 1, same.stderr
     finally:
         proc.terminate()
         proc.wait(20)
         await q.close()
+
+
+async def test_worker_json_writes_its_log_as_json_lines(redis_url, tmp_path):
+    """`worker --json` was accepted and did nothing; it makes the log one JSON object a
+    line (for log collectors), as its help says."""
+    w = WorkerProcess(redis_url, "jsonlog", tmp_path, args=["--json"], name="jsonlog")
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        while "serving queue" not in w.log():
+            assert w.proc.poll() is None and asyncio.get_running_loop().time() < deadline, w.log()
+            await asyncio.sleep(0.1)
+    finally:
+        assert w.stop() == 0, w.log()
+    lines = [line for line in w.log().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]  # every line: a JSON object
+    serving = [r for r in records if "serving queue 'jsonlog'" in r["message"]]
+    assert serving and serving[0]["level"] == "INFO" and serving[0]["logger"].startswith("effectmq")
+    assert all({"time", "level", "logger", "message"} <= r.keys() for r in records), records
+
+
+async def test_maintain_and_the_worker_name_the_batch_alike(redis_url, capsys, monkeypatch):
+    """`maintain --batch` and `worker --maintenance-batch` were two names of one setting."""
+    from effectmq.cli import build_parser
+
+    assert build_parser().parse_args(["maintain", "--maintenance-batch", "7"]).maintenance_batch == 7
+    assert capsys.readouterr().err == ""
+    assert build_parser().parse_args(["maintain", "--batch", "7"]).maintenance_batch == 7
+    assert "effectmq: warning: --batch is deprecated: use --maintenance-batch" in capsys.readouterr().err
+    monkeypatch.setenv("EFFECTMQ_MAINTENANCE_BATCH", "250")
+    assert build_parser().parse_args(["maintain"]).maintenance_batch == 250
+    monkeypatch.delenv("EFFECTMQ_MAINTENANCE_BATCH")
+    async with effectmq.TaskQueue("maint", url=redis_url) as q:
+        await q.offer("x", {})
+    done = cli("maintain", "--queue", "maint", "--url", redis_url, "--maintenance-batch", "5", "--json")
+    assert done.returncode == 0 and "promoted" in json.loads(done.stdout), done.stderr
+    old = cli("maintain", "--queue", "maint", "--url", redis_url, "--batch", "5")
+    assert old.returncode == 0 and "--batch is deprecated: use --maintenance-batch" in old.stderr, old.stderr

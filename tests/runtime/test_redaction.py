@@ -166,11 +166,11 @@ async def test_queue_and_scheduler_repr_and_errors_hide_a_wrong_password(secured
             assert_clean(repr(obj.redis), "repr of the redis client")
             assert_clean(repr(obj.redis.connection_pool), "repr of the connection pool")
         for call in (q.ping, lambda: q.offer("work", {}), scheduler.ping, scheduler.list):
-            with pytest.raises(effectmq.RedisUnavailable) as err:
+            with pytest.raises(effectmq.RedisRefused) as err:  # a wrong password (README)
                 await call()
             assert shown(secured.port) in str(err.value)
             for text in (str(err.value), repr(err.value), "".join(traceback.format_exception(err.value))):
-                assert_clean(text, "RedisUnavailable")
+                assert_clean(text, "RedisRefused")
     finally:
         await q.close()
         await scheduler.close()
@@ -243,11 +243,11 @@ async def test_sentinel_url_passwords_never_show(secured_sentinels, fault):
             if fault == "right":
                 await call()
                 continue
-            with pytest.raises(effectmq.RedisUnavailable) as err:
+            with pytest.raises(effectmq.RedisRefused) as err:  # a wrong password, of a Sentinel or the primary
                 await call()
-            assert expected in str(err.value)
+            assert expected in str(err.value) and err.value.code == "AUTH"
             for text in (str(err.value), repr(err.value), "".join(traceback.format_exception(err.value))):
-                assert_sentinel_clean(text, "RedisUnavailable")
+                assert_sentinel_clean(text, "RedisRefused")
     finally:
         await q.close()
         await scheduler.close()
@@ -257,8 +257,8 @@ def test_cli_errors_name_the_sentinel_url_but_no_password(secured_sentinels):
     url = secured_sentinels.url(sentinel_password=WRONG)
     done = cli("stats", "--queue", "q", "--url", url)
     output = done.stdout + done.stderr
-    assert done.returncode == 1, output
-    assert "Redis unavailable at redis+sentinel://:***@127.0.0.1:" in done.stderr and "Traceback" not in output, output
+    assert done.returncode == 1, output  # refused: exit 1 (docs/cli.md)
+    assert "Redis refused at redis+sentinel://:***@127.0.0.1:" in done.stderr and "Traceback" not in output, output
     assert_sentinel_clean(output, "`effectmq stats` output")
 
 
@@ -270,7 +270,7 @@ def test_worker_with_a_wrong_password_exits_naming_the_url_without_the_password(
                           env=child_env(EFFECTMQ_REDIS_URL=url_for(secured.port, WRONG), EFFECTMQ_QUEUE="leak"))
     output = done.stdout + done.stderr
     assert done.returncode == 1, output
-    assert f"Redis unavailable at {shown(secured.port)}" in output and "Traceback" not in output, output
+    assert f"Redis refused at {shown(secured.port)}" in output and "Traceback" not in output, output
     assert_clean(output, "worker output")
 
 
@@ -347,8 +347,10 @@ def test_cli_errors_name_the_url_but_not_the_password(secured, command, fault):
     password = WRONG if fault == "wrong-password" else PASSWORD
     done = cli(*COMMANDS[command], "--url", url_for(port, password))
     output = done.stdout + done.stderr
-    assert done.returncode == 1, output
-    assert f"Redis unavailable at {shown(port)}" in done.stderr and "Traceback" not in output, output
+    # a wrong password is a refusal (exit 1), no answer is unavailability (exit 3): docs/cli.md
+    said, code = ("Redis refused", 1) if fault == "wrong-password" else ("Redis unavailable", 3)
+    assert done.returncode == code, output
+    assert f"{said} at {shown(port)}" in done.stderr and "Traceback" not in output, output
     assert_clean(output, f"`effectmq {' '.join(COMMANDS[command])}` output")
 
 
@@ -357,5 +359,5 @@ def test_cli_refuses_an_unparsable_url_without_echoing_it(command):
     bad = f"redis://:{PLANTED}/xyz@127.0.0.1:1/0"
     done = cli(*COMMANDS[command], "--url", bad)
     output = done.stdout + done.stderr
-    assert done.returncode == 1 and "Redis URL" in done.stderr and "Traceback" not in output, output
+    assert done.returncode == 2 and "Redis URL" in done.stderr and "Traceback" not in output, output
     assert_clean(output, f"`effectmq {command}` output")

@@ -92,7 +92,7 @@ class SchedulerProcess:
         self.output = tmp / f"{name}.out"
         self.offers = tmp / f"{name}.offers.jsonl"
         if fault is None:
-            cmd = [sys.executable, "-m", "effectmq", "scheduler", "run", "--json", "--namespace", namespace,
+            cmd = [sys.executable, "-m", "effectmq", "scheduler", "run", "--json", "--scheduler-namespace", namespace,
                    "--interval", str(interval)]
         else:
             cmd = [sys.executable, "-m", "tests.scheduler.runner", "--url", redis_url, "--namespace", namespace,

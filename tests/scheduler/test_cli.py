@@ -10,7 +10,7 @@ import pytest
 
 from .support import ROOT, SchedulerProcess, cli, cli_json, wait_until
 
-NS = ("--namespace", "cli")
+NS = ("--scheduler-namespace", "cli")
 
 
 def test_scheduler_is_a_subcommand_of_effectmq():
@@ -34,7 +34,7 @@ def test_add_list_status_suspend_resume_remove(redis_url):
     human = cli(redis_url, "list", *NS)
     assert human.returncode == 0 and "cli/nightly" in human.stdout and "0 2 * * *" in human.stdout
     assert [s["id"] for s in cli_json(redis_url, "list", *NS)] == ["cli/nightly"]
-    assert cli(redis_url, "list", "--namespace", "elsewhere").stdout.strip() == "no schedules"
+    assert cli(redis_url, "list", "--scheduler-namespace", "elsewhere").stdout.strip() == "no schedules"
 
     status = cli(redis_url, "status", "cli/nightly", *NS)
     assert status.returncode == 0 and "next tick" in status.stdout and "Europe/Berlin" in status.stdout
@@ -49,16 +49,17 @@ def test_add_list_status_suspend_resume_remove(redis_url):
     assert missing.returncode == 1 and "no schedule 'cli/nightly'" in missing.stderr
 
 
-@pytest.mark.parametrize("args, code, message", [
-    (["--cron", "61 * * * *"], 1, "invalid minute field '61'"),
-    (["--cron", "* * * * *", "--timezone", "Moon/Tranquility"], 1, "not a known IANA time zone"),
+@pytest.mark.parametrize("args, code, message", [  # bad input: exit 2 (docs/cli.md)
+    (["--cron", "61 * * * *"], 2, "invalid minute field '61'"),
+    (["--cron", "* * * * *", "--timezone", "Moon/Tranquility"], 2, "not a known IANA time zone"),
     (["--cron", "* * * * *", "--payload", "{oops"], 2, "--payload is not valid JSON"),
-    (["--cron", "* * * * *", "--payload", "[1, 2]"], 1, "payload must be a JSON object"),
-    (["--cron", "* * * * *", "--missed", "later"], 2, "invalid choice"),
+    (["--cron", "* * * * *", "--payload", "[1, 2]"], 2, "payload must be a JSON object"),
+    (["--cron", "* * * * *", "--missed", "later"], 2, "must be Skip, Coalesce or Backfill, got 'later'"),
 ])
 def test_add_refuses_invalid_definitions_with_clear_errors(redis_url, args, code, message):
     done = cli(redis_url, "add", "cli/bad", "--queue", "q", "--task", "t", *args, *NS)
     assert done.returncode == code and message in done.stderr, done.stderr
+    assert "effectmq: error: " in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert cli_json(redis_url, "list", *NS) == []
 
 
@@ -90,4 +91,66 @@ def test_run_materializes_until_signalled_and_exits_cleanly(redis_url, tmp_path,
 
 def test_run_fails_fast_without_redis():
     done = cli("redis://127.0.0.1:1/0", "run", *NS, timeout=30)
-    assert done.returncode == 1 and "Redis unavailable" in done.stderr
+    assert done.returncode == 3 and "effectmq: error: Redis unavailable" in done.stderr  # 3: docs/cli.md
+
+
+def test_the_old_namespace_flag_still_works_and_says_it_is_deprecated(redis_url):
+    """`-n/--namespace` read as a Kubernetes namespace to kubectl users: it is
+    --scheduler-namespace now, as the dashboard's flag; the old spelling warns."""
+    cli_json(redis_url, "add", "cli/old", "--queue", "q", "--cron", "0 2 * * *", "--task", "t", *NS)
+    for flag in ("-n", "--namespace"):
+        done = cli(redis_url, "list", flag, "cli", "--json")
+        assert done.returncode == 0, done.stderr
+        assert [s["id"] for s in json.loads(done.stdout)] == ["cli/old"]
+        assert f"effectmq: warning: {flag} is deprecated: use --scheduler-namespace" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("given, shown", [("Skip", "Skip"), ("skip", "Skip"), ("BACKFILL", "Backfill"),
+                                          ("coalesce", "Coalesce")])
+def test_missed_takes_the_crds_spelling_in_any_case(redis_url, given, shown):
+    """A Schedule says `missedTicks: Skip`; the CLI took only `skip`."""
+    added = cli_json(redis_url, "add", "cli/missed", "--queue", "q", "--cron", "0 2 * * *", "--task", "t",
+                     "--missed", given, *NS)
+    assert added["spec"]["missed"] == shown.lower()
+    human = cli(redis_url, "status", "cli/missed", *NS)
+    assert f"missed ticks: {shown}" in human.stdout, human.stdout
+    helped = " ".join(cli(redis_url, "add", "--help").stdout.split())
+    assert "--missed {Skip,Coalesce,Backfill}" in helped and "(default: Coalesce)" in helped
+
+
+async def test_schedules_of_every_scheduler_namespace_are_found(redis_url):
+    """Were invisible: the operator keeps its schedules under scheduler namespace `k8s`,
+    `effectmq local` under `local`, and the CLI looked in `default` only."""
+    from effectmq.scheduler import DEFAULT_NAMESPACE, Scheduler, ScheduleSpec
+    from effectmq_operator.connections import SCHEDULER_NAMESPACE as OPERATOR_NAMESPACE
+    from effectmq_operator.local.runner import SCHEDULER_NAMESPACE as LOCAL_NAMESPACE
+
+    for namespace, schedule_id in ((OPERATOR_NAMESPACE, "shop/nightly"), (LOCAL_NAMESPACE, "default/digest"),
+                                   (DEFAULT_NAMESPACE, "by-hand"), ("other", "by-hand")):
+        async with Scheduler(redis_url, namespace=namespace) as scheduler:
+            await scheduler.put(ScheduleSpec(id=schedule_id, queue="q", cron="0 2 * * *", task="t"))
+
+    listed = cli_json(redis_url, "list")
+    assert sorted((s["namespace"], s["id"]) for s in listed) == [
+        ("default", "by-hand"), ("k8s", "shop/nightly"), ("local", "default/digest"), ("other", "by-hand")]
+    human = cli(redis_url, "list")
+    assert human.returncode == 0 and "NAMESPACE" in human.stdout and "shop/nightly" in human.stdout
+    assert [s["id"] for s in cli_json(redis_url, "list", "--scheduler-namespace", "k8s")] == ["shop/nightly"]
+
+    # one schedule by its id: found in whichever namespace holds it
+    assert cli_json(redis_url, "status", "shop/nightly")["namespace"] == "k8s"
+    assert cli_json(redis_url, "suspend", "default/digest")["suspended"] is True
+    async with Scheduler(redis_url, namespace=LOCAL_NAMESPACE) as scheduler:
+        assert (await scheduler.status("default/digest")).suspended
+    # an id in two namespaces must be told which
+    both = cli(redis_url, "status", "by-hand")
+    assert both.returncode == 2 and "effectmq: error: schedule 'by-hand' is in scheduler namespaces default, " \
+        "other: give --scheduler-namespace" in both.stderr, both.stderr
+    assert cli_json(redis_url, "status", "by-hand", "--scheduler-namespace", "other")["namespace"] == "other"
+    missing = cli(redis_url, "status", "nope")
+    assert missing.returncode == 1 and "no schedule 'nope' in any scheduler namespace" in missing.stderr
+
+    # what is written goes to the one default, which `run` and `tick` serve
+    cli_json(redis_url, "add", "new", "--queue", "q", "--cron", "0 2 * * *", "--task", "t")
+    async with Scheduler(redis_url, namespace=DEFAULT_NAMESPACE) as scheduler:
+        assert await scheduler.status("new") is not None

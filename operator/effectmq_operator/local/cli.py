@@ -3,44 +3,51 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from effectmq.clitools import FAILED, CommandError, deprecated, log_level_option, needs_extras, port
+from effectmq.connection import URL_KINDS
 
 from .manifests import ManifestError, load
 
 
 def register(sub) -> None:
-    p = sub.add_parser("local", help="run Queue and Schedule manifests locally (Redis, workers, schedules)")
+    p = sub.add_parser("local", help="run Queue and Schedule manifests locally (Redis, workers, schedules); "
+                       "needs effectmq[operator]",
+                       description="Run Queue and Schedule manifests on this machine: a local redis-server (or "
+                       "--url), the schedules, and workers scaled on backlog as the operator would. Needs the "
+                       "operator extra: pip install 'effectmq[operator]'.")
     p.add_argument("paths", nargs="*", default=["examples/k8s"],
                    help="manifest files or directories (default: the example application)")
     p.add_argument("--data-dir", default=".effectmq/local", help="Redis data and worker logs (kept across runs)")
-    p.add_argument("--redis-port", type=int, default=6390, help="port of the local redis-server")
-    p.add_argument("--redis-url", help="use this Redis instead of starting one")
+    p.add_argument("--redis-port", type=port, default=6390, help="port of the local redis-server")
+    p.add_argument("--url", help=f"use this Redis, {URL_KINDS}, instead of starting one; default: a redis-server "
+                   "on --redis-port with its data in --data-dir")
+    deprecated(p, "--redis-url", replacement="--url", dest="url")
     p.add_argument("--pythonpath", action="append", default=None,
-                   help="where the handler packages are (default: examples)")
+                   help="where the handler packages are, repeat it (default: examples)")
     p.add_argument("--burst", type=int, default=0, help="offer this many tasks at start, to watch workers scale")
     p.add_argument("--burst-task", default="send_email", help="task name of the burst")
     p.add_argument("--no-view", action="store_true", help="status lines instead of the live view")
-    p.add_argument("--stop-after", type=float, help=argparse.SUPPRESS)
-    p.add_argument("--log-level", default="WARNING")
+    p.add_argument("--stop-after", type=float, help=argparse.SUPPRESS)  # the tests' stop
+    log_level_option(p, default="WARNING")
     p.set_defaults(run=run)
 
 
 async def run(args) -> int:
-    from .runner import LocalError, LocalRunner
+    with needs_extras("effectmq local"):  # manifests are checked with CEL (cel-python)
+        from .runner import LocalError, LocalRunner
 
-    try:
-        resources = load(args.paths)
-    except ManifestError as exc:
-        print(f"effectmq local: invalid manifest: {exc}", file=sys.stderr)
-        return 2
+        try:
+            resources = load(args.paths)
+        except ManifestError as exc:
+            raise CommandError(f"invalid manifest: {exc}") from None
     runner = LocalRunner(resources, data_dir=Path(args.data_dir), redis_port=args.redis_port,
-                         redis_url=args.redis_url, pythonpath=args.pythonpath or ["examples"],
+                         redis_url=args.url, pythonpath=args.pythonpath or ["examples"],
                          live_view=not args.no_view, burst=args.burst, burst_task=args.burst_task,
                          stop_after=args.stop_after)
     try:
         await runner.run()
     except LocalError as exc:
-        print(f"effectmq local: {exc}", file=sys.stderr)
-        return 1
+        raise CommandError(str(exc), FAILED) from None
     return 0
