@@ -63,7 +63,7 @@ class LocalRedis:
         if binary is None:
             raise LocalError("redis-server is not installed. Install it (Debian/Ubuntu: "
                              "`sudo apt-get install redis-server`, macOS: `brew install redis`) "
-                             "or point at a running Redis with --redis-url.")
+                             "or point at a running Redis with --url.")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log_file = open(self.data_dir / "redis.log", "ab")
         self.proc = subprocess.Popen(
