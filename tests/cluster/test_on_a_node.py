@@ -10,15 +10,18 @@ really means idle."""
 
 from __future__ import annotations
 
+import base64
 import calendar
 import json
 import os
+import socket
 import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
+import redis as redis_client
 import yaml
 
 import effectmq
@@ -30,7 +33,7 @@ from tests.support.processes import ROOT
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
 NS = "effectmq"
-RELEASE = "effectmq"  # examples/k8s/queue.yaml reaches the bundled Redis as effectmq-redis
+RELEASE = "effectmq"  # examples/k8s/queue.yaml names the bundled Redis's Secret, effectmq-redis
 CHART = ROOT / "charts" / "effectmq"
 EXAMPLES = ROOT / "examples" / "k8s"
 QUEUE = f"{NS}/emails"
@@ -131,8 +134,13 @@ def release(kube_cluster):
     c.helm("uninstall", RELEASE, "--namespace", NS, "--wait", check=False)
 
 
+def redis_password(cluster) -> str:
+    secret = cluster.kubectl_json("get", "secret", f"{RELEASE}-redis", "-n", NS)
+    return base64.b64decode(secret["data"]["password"]).decode()
+
+
 @pytest.fixture(scope="module")
-def redis_url(release, tmp_path_factory):
+def redis_port(release, tmp_path_factory):
     """`kubectl port-forward` to the bundled Redis, as a user reaches it."""
     port = free_port()
     log = tmp_path_factory.mktemp("port-forward") / "port-forward.log"
@@ -144,10 +152,16 @@ def redis_url(release, tmp_path_factory):
         wait_for(lambda: "Forwarding from" in log.read_text() or proc.poll() is not None, timeout=30,
                  what="kubectl port-forward")
         assert proc.poll() is None, log.read_text()
-        yield f"redis://127.0.0.1:{port}/0"
+        yield port
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def redis_url(release, redis_port):
+    """The bundled Redis through the port-forward, with the password from the chart's Secret."""
+    return f"redis://:{redis_password(release)}@127.0.0.1:{redis_port}/0"
 
 
 @pytest.fixture
@@ -181,6 +195,22 @@ def test_operator_runs_from_its_image_restricted_and_reconciles(release):
     workers = c.kubectl_json("get", "deployment", "emails-worker", "-n", NS)
     assert [o["uid"] for o in workers["metadata"]["ownerReferences"]] == [queue["metadata"]["uid"]]
     assert workers["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/shop-workers:1.4.2"
+
+
+def test_the_bundled_redis_refuses_a_client_without_its_password(release, redis_port, redis_url):
+    """Issue 36, Must show 3, in the running pod: a PING without the password gets NOAUTH,
+    the Secret's password works (the readiness probe's did: `helm install --wait`), and
+    `helm test` checks the same from a pod of the release."""
+    c = release
+    with socket.create_connection(("127.0.0.1", redis_port), timeout=10) as conn:
+        conn.sendall(b"PING\r\n")
+        assert conn.recv(200).startswith(b"-NOAUTH"), "the bundled Redis answered without a password"
+    client = redis_client.Redis.from_url(redis_url, socket_timeout=10, decode_responses=True)
+    assert client.ping() and client.config_get("protected-mode") == {"protected-mode": "yes"}
+    client.close()
+    # the test pod checks it with EFFECTMQ_TEST_REDIS_AUTH=required (and is deleted once it succeeds)
+    out = c.helm("test", RELEASE, "--namespace", NS, "--timeout", "180s").stdout
+    assert "Phase:          Succeeded" in out, out
 
 
 def test_2000_tasks_run_in_worker_pods_that_scale_up_and_back_down(release, q):
