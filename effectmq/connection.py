@@ -133,7 +133,7 @@ def sentinel_failures(exc: BaseException) -> tuple[str, list[tuple[str, str]]] |
         _, dash, why = chunk.partition("> - ")
         if not dash:
             continue
-        why = _NEXT_SENTINEL.split(why, maxsplit=1)[0].strip()
+        why = _NEXT_SENTINEL.split(why, maxsplit=1)[0].strip().rstrip(",")
         why = _ERROR_CATEGORY.sub("", why)
         if len(why) > SENTINEL_ERROR_LIMIT:
             why = why[:SENTINEL_ERROR_LIMIT - 3] + "..."
