@@ -307,3 +307,46 @@ def test_every_cron_form_the_parser_takes_is_applied(kube_control_plane, effectm
     # parser's to tell, in the ScheduleValid condition (tests/operator/test_operator_schedules.py).
     for name, spec in {"minute-61": {"schedule": "61 * * * *"}, "mars": {"timeZone": "Mars/Olympus_Mons"}}.items():
         kube_control_plane.kubectl("apply", "-n", kube_namespace, "-f", "-", input=schedule(name, **spec))
+
+
+def test_a_local_run_checks_the_cron_and_zone_shape_as_the_api_server_does():
+    """`effectmq local` checks manifests against the same CRD (its CEL rules run in celpy)."""
+    from effectmq_operator.local.manifests import ManifestError, parse
+
+    for case, (spec, message) in SHAPES_REFUSED.items():
+        with pytest.raises(ManifestError, match=message.split(": ")[-1]):
+            parse([json.loads(schedule("s", **spec))], case)
+    for name, cron in SHAPES_TAKEN.items():
+        parse([json.loads(schedule(name, schedule=cron))], name)
+
+
+def test_the_generator_inlines_references_structurally():
+    core_schemas = load_tool("core_schemas")
+    schemas = {
+        "io.k8s.api.core.v1.Ref": {"type": "object", "description": "the type's", "properties": {
+            "name": {"type": "string", "default": ""},
+            "amount": {"$ref": "#/components/schemas/" + core_schemas.QUANTITY}}},
+        "io.k8s.api.core.v1.Loop": {"type": "object", "properties": {
+            "self": {"allOf": [{"$ref": "#/components/schemas/io.k8s.api.core.v1.Loop"}]}}},
+    }
+    field = {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+             "x-kubernetes-patch-strategy": "merge",
+             "items": {"default": {}, "allOf": [{"$ref": "#/components/schemas/io.k8s.api.core.v1.Ref"}]}}
+    out = core_schemas.structural(field, schemas)
+    item = out["items"]
+    assert "x-kubernetes-patch-strategy" not in out and "default" not in item["properties"]["name"]
+    assert item["required"] == ["name"]  # a list-map key without its default must be required in a CRD
+    assert item["description"] == "the type's"
+    assert item["properties"]["amount"]["x-kubernetes-int-or-string"] is True
+    with pytest.raises(core_schemas.SchemaError, match="recursive"):
+        core_schemas.structural({"$ref": "#/components/schemas/io.k8s.api.core.v1.Loop"}, schemas)
+    with pytest.raises(core_schemas.SchemaError, match="cannot inline"):
+        core_schemas.structural({"type": "string", "not": {}}, schemas)
+
+
+@pytest.mark.parametrize("path", CRD_FILES)
+def test_a_crd_stays_small_enough_for_a_client_side_apply(path):
+    """The inlined core schemas (affinity is deep) grow the Queue CRD: a client-side
+    `kubectl apply` keeps the whole object in an annotation, at most 256 KiB."""
+    body = yaml.safe_load((REPO_ROOT / path).read_text())
+    assert len(json.dumps(body, separators=(",", ":"))) < 256 * 1024 * 0.75
