@@ -282,3 +282,18 @@ class ContainerRedis:
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             stop_process(self.proc, 10)
+
+
+def assert_redis_url_from_secret_file(pod_spec: dict, secret: str, key: str) -> None:
+    """The dashboard reads its Redis URL from the Secret's key mounted as a file
+    (EFFECTMQ_REDIS_URL_FILE), never from an environment variable."""
+    (container,) = pod_spec["containers"]
+    env = {e["name"]: e for e in container.get("env") or []}
+    assert "EFFECTMQ_REDIS_URL" not in env, env.get("EFFECTMQ_REDIS_URL")
+    path = env["EFFECTMQ_REDIS_URL_FILE"]["value"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    (name,) = [n for n, m in mounts.items() if path == f"{m['mountPath']}/url"]
+    assert mounts[name].get("readOnly") is True
+    assert volumes[name]["secret"]["secretName"] == secret
+    assert volumes[name]["secret"]["items"] == [{"key": key, "path": "url"}]

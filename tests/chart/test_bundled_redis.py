@@ -21,8 +21,8 @@ import redis as redis_client
 import yaml
 
 from effectmq.redaction import url_secrets
-from tests.chart.support import (CHART, FULLNAME, RELEASE, ContainerRedis, docs, find, get_object, helm_template,
-                                 render)
+from tests.chart.support import (CHART, FULLNAME, RELEASE, ContainerRedis, assert_redis_url_from_secret_file, docs,
+                                 find, get_object, helm_template, render)
 from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.kube
@@ -135,9 +135,8 @@ def test_an_existing_secret_with_any_password_works(kube_control_plane, tmp_path
     statefulset, config_map = the_redis(objects)
     volume = {v["name"]: v for v in statefulset["spec"]["template"]["spec"]["volumes"]}["password"]
     assert volume["secret"]["secretName"] == "my-redis" and volume["secret"]["items"][0]["key"] == "pw"
-    dashboard = find(objects, "Deployment", f"{FULLNAME}-dashboard")["spec"]["template"]["spec"]["containers"][0]
-    assert {"name": "EFFECTMQ_REDIS_URL", "valueFrom": {"secretKeyRef": {"name": "my-redis", "key": "u"}}} \
-        in dashboard["env"]
+    dashboard = find(objects, "Deployment", f"{FULLNAME}-dashboard")["spec"]["template"]["spec"]
+    assert_redis_url_from_secret_file(dashboard, "my-redis", "u")
     server = ContainerRedis(statefulset, config_map, {"my-redis": {"pw": NASTY + "\n"}}, tmp_path).start()
     try:
         with pytest.raises(redis_client.AuthenticationError):
@@ -160,9 +159,8 @@ def test_everything_of_the_chart_that_talks_to_redis_authenticates(kube_control_
     """The dashboard's default URL and the helm-test pod's come from the Secret's `url`
     key (a reference, never the value); the example Queue names that Secret."""
     objects = render(kube_control_plane, NAMESPACE, *ON)
-    dashboard = find(objects, "Deployment", f"{FULLNAME}-dashboard")["spec"]["template"]["spec"]["containers"][0]
-    assert {"name": "EFFECTMQ_REDIS_URL", "valueFrom": {"secretKeyRef": {"name": REDIS, "key": "url"}}} \
-        in dashboard["env"]
+    dashboard = find(objects, "Deployment", f"{FULLNAME}-dashboard")["spec"]["template"]["spec"]
+    assert_redis_url_from_secret_file(dashboard, REDIS, "url")
     test_pod = find(objects, "Pod")
     container = test_pod["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}

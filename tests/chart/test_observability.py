@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.chart.support import CHART, RELEASE, find, helm_template, render
+from tests.chart.support import CHART, RELEASE, assert_redis_url_from_secret_file, find, helm_template, render
 from tests.fixtures.kube import unavailable
 from tests.fixtures.redis import free_port
 from tests.support.operator import wait_for
@@ -217,9 +217,8 @@ def test_dashboard_runs_restricted_read_only_with_probes(kube_control_plane):
     port = {p["name"]: p["containerPort"] for p in container["ports"]}["http"]
     assert argv[argv.index("--port") + 1] == str(port)
     env = {e["name"]: e for e in container["env"]}
-    # the bundled Redis's URL, password included, from its Secret: a reference, never the value
-    assert env["EFFECTMQ_REDIS_URL"] == {"name": "EFFECTMQ_REDIS_URL", "valueFrom": {"secretKeyRef": {
-        "name": f"{RELEASE}-effectmq-redis", "key": "url"}}}
+    # the bundled Redis's URL, password included, from its Secret: a mounted file, never the value
+    assert_redis_url_from_secret_file(pod, f"{RELEASE}-effectmq-redis", "url")
     assert "EFFECTMQ_DASHBOARD_TOKEN" not in env
     # the image is the operator's, which installs the dashboard extra: every requirement of
     # it pinned in the lock the Dockerfile installs (operator/requirements.lock, since 5c60727)
@@ -246,11 +245,9 @@ def test_dashboard_service_selects_the_dashboard_pods(kube_control_plane):
 
 
 def test_dashboard_reads_the_redis_url_from_a_secret_and_shows_the_queues_given(kube_control_plane):
-    _, container = dashboard_container(kube_control_plane, "--set", "dashboard.redis.existingSecret=redis-url",
-                                       "--set", "dashboard.queues={shop/emails,billing/invoices}")
-    env = {e["name"]: e for e in container["env"]}
-    assert env["EFFECTMQ_REDIS_URL"] == {"name": "EFFECTMQ_REDIS_URL",
-                                         "valueFrom": {"secretKeyRef": {"name": "redis-url", "key": "url"}}}
+    deployment, container = dashboard_container(kube_control_plane, "--set", "dashboard.redis.existingSecret=redis-url",
+                                                "--set", "dashboard.queues={shop/emails,billing/invoices}")
+    assert_redis_url_from_secret_file(deployment["spec"]["template"]["spec"], "redis-url", "url")
     args = container["args"]
     assert [args[i + 1] for i, a in enumerate(args) if a == "--queue"] == ["shop/emails", "billing/invoices"]
 
@@ -311,8 +308,8 @@ def http_get(url: str) -> tuple[int, str]:
 def test_dashboard_runs_with_the_charts_command_environment_and_token_mount(make_redis, kube_control_plane,
                                                                             tmp_path):
     """`effectmq dashboard` started exactly as the chart's Deployment starts it, with
-    this test in the kubelet's place: EFFECTMQ_REDIS_URL from the Secret (a URL with
-    a password), the token Secret mounted where the pod spec mounts it. Only the
+    this test in the kubelet's place: the Redis URL Secret (a URL with a password) and
+    the token Secret mounted where the pod spec mounts them. Only the
     listen port and the mount's root are moved. It comes up ready, with actions on,
     and its overview shows no password."""
     password = "planted-S3cret-pw"
@@ -321,12 +318,9 @@ def test_dashboard_runs_with_the_charts_command_environment_and_token_mount(make
         kube_control_plane, "--set", "dashboard.redis.existingSecret=redis-url", *WITH_ACTIONS,
         "--set", "dashboard.queues={shop/emails}")
     secrets = {("redis-url", "url"): server.url, ("dash-token", "token"): "t0ken-" + "x" * 20}
-    env = {}
-    for var in container["env"]:
-        ref = var["valueFrom"]["secretKeyRef"]
-        env[var["name"]] = secrets[(ref["name"], ref["key"])]
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     args = list(container["args"])
+    moved = {}  # mount path -> where this test put the Secret's files
     for mount in container["volumeMounts"]:
         secret = volumes[mount["name"]].get("secret")
         if not secret:
@@ -335,7 +329,23 @@ def test_dashboard_runs_with_the_charts_command_environment_and_token_mount(make
         root.mkdir()
         for item in secret["items"]:
             (root / item["path"]).write_text(secrets[(secret["secretName"], item["key"])] + "\n")
-        args = [a.replace(mount["mountPath"], str(root)) if a.startswith(mount["mountPath"]) else a for a in args]
+        moved[mount["mountPath"]] = str(root)
+
+    def relocated(value: str) -> str:
+        for path, root in moved.items():
+            if value.startswith(path + "/"):
+                return root + value[len(path):]
+        return value
+
+    args = [relocated(a) for a in args]
+    env = {}
+    for var in container["env"]:
+        if "value" in var:
+            env[var["name"]] = relocated(var["value"])
+        else:
+            ref = var["valueFrom"]["secretKeyRef"]
+            env[var["name"]] = secrets[(ref["name"], ref["key"])]
+    assert "EFFECTMQ_REDIS_URL" not in env and env["EFFECTMQ_REDIS_URL_FILE"].startswith(str(tmp_path))
     port = free_port()
     args[args.index("--port") + 1] = str(port)
     assert container["command"] == ["effectmq", "dashboard"] and "--actions" in args

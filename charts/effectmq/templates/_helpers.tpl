@@ -107,24 +107,33 @@ app.kubernetes.io/managed-by: effectmq-operator
 {{- printf "%s-dashboard" (include "effectmq.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* The dashboard's EFFECTMQ_REDIS_URL: a Secret's key, a literal URL, or the bundled Redis
-(its Secret's URL when it has a password: a reference, so the value is in no manifest). */}}
+{{/* The Secret key that holds the dashboard's Redis URL, as JSON {name, key}, or {} when
+the URL is not secret (a literal one, or the bundled Redis without a password). */}}
+{{- define "effectmq.dashboardRedisSecretRef" -}}
+{{- $redis := .Values.dashboard.redis -}}
+{{- if $redis.existingSecret }}
+{{- toJson (dict "name" $redis.existingSecret "key" $redis.existingSecretKey) }}
+{{- else if and (not $redis.url) .Values.redis.enabled .Values.redis.auth.enabled }}
+{{- toJson (dict "name" (include "effectmq.redisSecret" .) "key" (include "effectmq.redisUrlKey" .)) }}
+{{- else }}
+{{- toJson (dict) }}
+{{- end }}
+{{- end }}
+
+{{/* The dashboard's Redis URL: from a Secret, mounted as a file (EFFECTMQ_REDIS_URL_FILE: a
+URL with a password stays out of the environment, which child processes and crash dumps
+inherit); a literal URL; or the bundled Redis without a password. */}}
 {{- define "effectmq.dashboardRedisEnv" -}}
 {{- $redis := .Values.dashboard.redis -}}
-- name: EFFECTMQ_REDIS_URL
-{{- if $redis.existingSecret }}
-  valueFrom:
-    secretKeyRef:
-      name: {{ $redis.existingSecret | quote }}
-      key: {{ $redis.existingSecretKey | quote }}
+{{- $ref := include "effectmq.dashboardRedisSecretRef" . | fromJson -}}
+{{- if $ref.name }}
+- name: EFFECTMQ_REDIS_URL_FILE
+  value: /etc/effectmq-redis/url
 {{- else if $redis.url }}
+- name: EFFECTMQ_REDIS_URL
   value: {{ $redis.url | quote }}
-{{- else if and .Values.redis.enabled .Values.redis.auth.enabled }}
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "effectmq.redisSecret" . | quote }}
-      key: {{ include "effectmq.redisUrlKey" . | quote }}
 {{- else if .Values.redis.enabled }}
+- name: EFFECTMQ_REDIS_URL
   value: {{ printf "redis://%s/0" (include "effectmq.redisAddress" .) | quote }}
 {{- else }}
 {{- fail "dashboard.enabled needs a Redis: set dashboard.redis.existingSecret (a Secret holding the URL), dashboard.redis.url, or redis.enabled" }}
