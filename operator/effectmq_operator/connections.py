@@ -231,8 +231,9 @@ class Connections:
                         found = new
                 if found is not None:
                     break
-        self._identities[target] = found
-        return found
+        identity = found if isinstance(found, str) else found.decode()  # decode_responses: always str
+        self._identities[target] = identity
+        return identity
 
     def known_identity(self, target: RedisTarget) -> str | None:
         """The identity `target` last read (None: never read, or its client was closed)."""

@@ -204,9 +204,9 @@ class LocalRunner:
         self.scheduler = Scheduler(self.redis_url, namespace=SCHEDULER_NAMESPACE)
         wanted = set()
         for r in (r for r in self.resources if r.kind == "Schedule"):
-            spec = ScheduleSpec.from_json(builders.schedule_spec(r.namespace, r.name, r.spec))
-            wanted.add(spec.id)
-            await self.scheduler.put(spec)
+            schedule = ScheduleSpec.from_json(builders.schedule_spec(r.namespace, r.name, r.spec))
+            wanted.add(schedule.id)
+            await self.scheduler.put(schedule)
         for old in await self.scheduler.list():  # schedules removed from the manifests stop firing
             if old.id not in wanted:
                 await self.scheduler.remove(old.id)
