@@ -58,7 +58,8 @@ def hadolint(path: Path, workdir: Path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("path", DOCKERFILES, ids=rel)
 def test_dockerfile_passes_hadolint(path, tmp_path):
     result = hadolint(path, tmp_path)
-    assert result.returncode == 0 and not result.stdout.strip(), f"hadolint {rel(path)}:\n{result.stdout}{result.stderr}"
+    assert result.returncode == 0 and not result.stdout.strip(), (
+        f"hadolint {rel(path)}:\n{result.stdout}{result.stderr}")
     assert "hadolint ignore" not in path.read_text(), "inline hadolint ignores are not allowed"
 
 
@@ -233,17 +234,20 @@ def test_images_sh_hashes_every_file_a_build_copies():
     """An archive is reused while its key stays the same: the key must hash every
     file the build copies from the repository (a new lock must rebuild the image)
     and the ignore file that filters them."""
+    def covered(source: str, hashed: list[str]) -> bool:
+        return any(source.rstrip("/") == h or source.startswith(h.rstrip("/") + "/") for h in hashed)
+
     dockerfiles, inputs = images_sh_table("dockerfile"), images_sh_table("inputs")
     assert set(dockerfiles) == set(inputs)
     for image, path in dockerfiles.items():
         df = dockerfile.parse(ROOT / path)
         hashed = inputs[image].split()
-        covered = lambda source: any(source.rstrip("/") == h or source.startswith(h.rstrip("/") + "/") for h in hashed)
-        assert covered(f"{path}.dockerignore"), f"tooling/images.sh inputs[{image}] lacks {path}.dockerignore"
+        assert covered(f"{path}.dockerignore", hashed), f"tooling/images.sh inputs[{image}] lacks {path}.dockerignore"
         for stage in df.stages:
             for sources, _ in df.copies(stage):
                 for source in sources:
-                    assert covered(source), f"tooling/images.sh inputs[{image}] does not hash {source} ({path} copies it)"
+                    assert covered(source, hashed), (
+                        f"tooling/images.sh inputs[{image}] does not hash {source} ({path} copies it)")
 
 
 # --------------------------------------------------------------------------
@@ -274,7 +278,8 @@ def build_worker_image(root: Path) -> tuple[ImageRoot, dict[str, str]]:
     venv_run = next(i for i in build.all("RUN") if "-m venv" in i.args)
     venv = image.host(venv_run.args.split()[-1])
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
+                                "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
     parents = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     (site / "effectmq-test-deps.pth").write_text("\n".join(sorted(parents)) + "\n")
