@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import redis  # noqa: E402
+import redis
 
-import effectmq  # noqa: E402
-from bench._redis import calls_delta, command_calls, private_redis  # noqa: E402
+import effectmq
+from bench._redis import calls_delta, command_calls, private_redis
 
 
 def percentile(sorted_values: list[float], p: float) -> float:

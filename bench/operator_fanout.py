@@ -162,8 +162,8 @@ class Api:
     def watchers(self, resource: str) -> float:
         """Watches open right now on a resource (apiserver_longrunning_requests)."""
         return sum(v for n, labels, v in parse_prometheus(self.get("/metrics").decode())
-                   if n == "apiserver_longrunning_requests" and "__family__" not in labels and labels.get("verb") == "WATCH"
-                   and labels.get("resource") == resource)
+                   if n == "apiserver_longrunning_requests" and "__family__" not in labels
+                   and labels.get("verb") == "WATCH" and labels.get("resource") == resource)
 
     def request_counts(self) -> dict[tuple[str, str, str, str], float]:
         """apiserver_request_total summed by (verb, group, resource, subresource)."""
@@ -386,7 +386,8 @@ def first_pass(api: Api, op: OperatorProcess, t0: float, n_queues: int, n_schedu
             q_true = sum(1 for q in queues if (ready_condition(q) or {}).get("status") == "True")
             s_done = sum(1 for s in schedules if (s.get("status") or {}).get("nextTickTime"))
             elapsed = time.monotonic() - t0
-            last_report = f"{q_done}/{n_queues} Queues with Ready, {q_true} Ready=True, {s_done}/{n_schedules} Schedules"
+            last_report = (f"{q_done}/{n_queues} Queues with Ready, {q_true} Ready=True, "
+                           f"{s_done}/{n_schedules} Schedules")
             log(f"  +{elapsed:5.1f}s: {last_report}")
             if "queues_done_s" not in out and q_done >= n_queues:
                 out["queues_done_s"] = elapsed
@@ -451,7 +452,7 @@ def expected_ticks(cron: str, n_schedules: int, start: float, end: float) -> int
     try:
         from effectmq.scheduler import timeline
         return timeline(cron, "UTC").count(int(start), int(end - 2)) * n_schedules
-    except Exception:  # noqa: BLE001 - a cron the library does not read: no expectation
+    except Exception:  # a cron the library does not read: no expectation
         return None
 
 
@@ -537,8 +538,9 @@ def report(args, created: dict, first: dict, steady: dict, baseline: tuple[dict,
     net_watches = watches - base_watches if base_watches is not None else None
 
     print()
-    print(f"operator fan-out: {n} Queues, {args.schedules} Schedules (cron {args.cron!r}), {args.redis} redis-server(s), "
-          f"pollIntervalSeconds {interval}, maxReplicas {args.max_replicas}, {os.cpu_count()} cores, "
+    print(f"operator fan-out: {n} Queues, {args.schedules} Schedules (cron {args.cron!r}), "
+          f"{args.redis} redis-server(s), pollIntervalSeconds {interval}, maxReplicas {args.max_replicas}, "
+          f"{os.cpu_count()} cores, "
           f"API latency {args.api_latency * 1000:.0f} ms per request (operator only)")
     print(f"created before the operator started: {created['queues']} Queues + {created['schedules']} Schedules "
           f"in {created['seconds']:.1f} s (server-side apply, chunks of {args.apply_chunk})")
@@ -558,15 +560,16 @@ def report(args, created: dict, first: dict, steady: dict, baseline: tuple[dict,
     warm_top = sorted(((k, v) for k, v in first.get("warm_requests", {}).items() if ours(k) and k[0] != "WATCH"),
                       key=lambda kv: -kv[1])[:6]
     print("  API server requests from its start to the end of that pass: "
-          + (", ".join(f"{verb} {resource}{'/' + sub if sub else ''} {v:.0f}" for (verb, _, resource, sub), v in warm_top)
+          + (", ".join(f"{verb} {resource}{'/' + sub if sub else ''} {v:.0f}"
+                       for (verb, _, resource, sub), v in warm_top)
              or "none"))
     print(f"  SIGTERM -> exit, with {n} Queues: {fmt(first.get('stop_s'), '.1f', ' s')} "
           f"(the new leader: {fmt(first.get('warm_stop_s'), '.1f', ' s')})")
     print()
     print(f"steady window: {window:.1f} s, after every Queue was Ready=True and {args.warmup:.0f} s warm-up")
     rec = steady["reconciles"]
-    print(f"  oldest-reconcile age: max {fmt(steady['gauge_max'], '.2f', ' s')}, mean {fmt(steady['gauge_mean'], '.2f', ' s')}"
-          f"  (poll interval {interval} s)")
+    print(f"  oldest-reconcile age: max {fmt(steady['gauge_max'], '.2f', ' s')}, "
+          f"mean {fmt(steady['gauge_mean'], '.2f', ' s')}  (poll interval {interval} s)")
     print(f"  reconciles: {fmt(rec and rec / window, '.1f', '/s')} (needed to keep up: {n / interval:.1f}/s), "
           f"retries {fmt(steady['reconciles_retry'], '.0f')}, poll errors {fmt(steady['poll_errors'], '.0f')}")
     due = expected_ticks(args.cron, args.schedules, *steady["wall"])
@@ -574,10 +577,14 @@ def report(args, created: dict, first: dict, steady: dict, baseline: tuple[dict,
     print(f"  operator API calls (effectmq_operator_api_requests_total): {fmt(op_calls, '.0f')} = "
           f"{fmt(op_calls and op_calls / window, '.2f', '/s')} = "
           f"{fmt(op_calls and op_calls / n * per_min, '.3f')} per Queue per minute")
-    print(f"  API server, resources {'/'.join(sorted(WATCHED_RESOURCES))}: {calls:.0f} requests + {watches:.0f} watches ended;"
-          f" baseline (operator stopped, scaled to the window) {fmt(base_calls, '.0f')} + {fmt(base_watches, '.0f')}")
-    print(f"  API server, net of baseline: {fmt(net_calls, '.0f')} requests = {fmt(net_calls and net_calls / window, '.2f', '/s')}"
-          f" = {fmt(net_calls and net_calls / n * per_min, '.3f')} per Queue per minute; watches {fmt(net_watches, '.0f')}")
+    print(f"  API server, resources {'/'.join(sorted(WATCHED_RESOURCES))}: "
+          f"{calls:.0f} requests + {watches:.0f} watches ended;"
+          f" baseline (operator stopped, scaled to the window) "
+          f"{fmt(base_calls, '.0f')} + {fmt(base_watches, '.0f')}")
+    print(f"  API server, net of baseline: {fmt(net_calls, '.0f')} requests = "
+          f"{fmt(net_calls and net_calls / window, '.2f', '/s')}"
+          f" = {fmt(net_calls and net_calls / n * per_min, '.3f')} per Queue per minute; "
+          f"watches {fmt(net_watches, '.0f')}")
     top = sorted(((k, v) for k, v in steady["api_delta"].items() if ours(k)), key=lambda kv: -kv[1])[:12]
     if top:
         print("  API server requests in the window by verb and resource (before baseline):")
@@ -710,7 +717,8 @@ def main() -> int:
         queues, schedules = api.items("queues"), api.items("schedules")
         post = {"queues_ready_true": sum(1 for q in queues if (ready_condition(q) or {}).get("status") == "True"),
                 "schedules_ticked": sum(1 for s in schedules if (s.get("status") or {}).get("lastTickTime")),
-                "queues_waiting": sum(1 for q in queues if ((q.get("status") or {}).get("backlog") or {}).get("waiting"))}
+                "queues_waiting": sum(1 for q in queues
+                                      if ((q.get("status") or {}).get("backlog") or {}).get("waiting"))}
         check_alive(op)
         first["stop_s"], op_rc = stop_timed(op)
         op_log = op.log_path.read_text(errors="replace")
@@ -735,7 +743,7 @@ def main() -> int:
         if op is not None:
             try:
                 op.stop()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 print(f"stopping the operator failed: {exc}", file=sys.stderr)
         if proxy is not None:
             proxy.stop()

@@ -28,8 +28,8 @@ from typing import Awaitable, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-from bench._redis import private_client  # noqa: E402
-from bench.script_cost import busy_worker  # noqa: E402
+from bench._redis import private_client
+from bench.script_cost import busy_worker
 
 
 async def redis_cpu(client) -> float:

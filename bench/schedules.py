@@ -23,12 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import redis  # noqa: E402
+import redis
 
-from bench._redis import calls_delta, command_calls, private_redis  # noqa: E402
-from effectmq.scheduler import Scheduler, ScheduleSpec, timeline  # noqa: E402
-from effectmq.scheduler.policy import MissedPolicy, plan  # noqa: E402
-from tests.scheduler.support import make_one_tick_due  # noqa: E402
+from bench._redis import calls_delta, command_calls, private_redis
+from effectmq.scheduler import Scheduler, ScheduleSpec, timeline
+from effectmq.scheduler.policy import MissedPolicy, plan
+from tests.scheduler.support import make_one_tick_due
 
 NAMESPACE = "bench"
 

@@ -32,12 +32,12 @@ from typing import Awaitable, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import redis.asyncio as aioredis  # noqa: E402
+import redis.asyncio as aioredis
 
-from bench import _callgrind  # noqa: E402
-from bench._redis import start_redis  # noqa: E402
-from effectmq import scripts  # noqa: E402
-from effectmq.queue import TaskQueue  # noqa: E402
+from bench import _callgrind
+from bench._redis import start_redis
+from effectmq import scripts
+from effectmq.queue import TaskQueue
 
 
 class Callgrind:

@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-import effectmq  # noqa: E402
-from bench._redis import private_client  # noqa: E402
+import effectmq
+from bench._redis import private_client
 
 
 async def held_per_task(client, tasks: int, k: int) -> tuple[float, int, int]:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import effectmq  # noqa: E402
-from bench._redis import private_redis  # noqa: E402
-from effectmq.loops import precise_event_loop  # noqa: E402
+import effectmq
+from bench._redis import private_redis
+from effectmq.loops import precise_event_loop
 
 HANDLER_SECONDS = 0.01
 

@@ -2,7 +2,8 @@
 
 from .errors import (
     CANCELED, DEFECT, STALLED, TIMEOUT, CorruptValue, EffectMQError, ErrorInfo, InvalidOption,
-    InvalidPayload, LeaseLost, AlreadySettled, RedisRefused, RedisUnavailable, TaskError, TaskFailed, TaskNotFound, UnknownTask,
+    InvalidPayload, LeaseLost, AlreadySettled, RedisRefused, RedisUnavailable, TaskError, TaskFailed, TaskNotFound,
+    UnknownTask,
 )
 from .models import AttemptRecord, MaintenanceReport, Offered, QueueStats, TaskInfo, ThroughputPoint
 from .queue import Lease, TaskQueue
@@ -12,8 +13,10 @@ from .app import App, TaskDef
 from .worker import TaskContext, Worker
 
 __all__ = [
-    "TaskQueue", "Lease", "SyncTaskQueue", "App", "TaskDef", "Worker", "TaskContext", "Offered", "TaskInfo", "QueueStats", "MaintenanceReport", "AttemptRecord", "ThroughputPoint",
-    "LeaseLost", "AlreadySettled", "RedisRefused", "TaskFailed", "TaskNotFound", "TaskError", "ErrorInfo", "EffectMQError",
+    "TaskQueue", "Lease", "SyncTaskQueue", "App", "TaskDef", "Worker", "TaskContext",
+    "Offered", "TaskInfo", "QueueStats", "MaintenanceReport", "AttemptRecord", "ThroughputPoint",
+    "LeaseLost", "AlreadySettled", "RedisRefused", "TaskFailed", "TaskNotFound", "TaskError", "ErrorInfo",
+    "EffectMQError",
     "InvalidOption", "InvalidPayload", "RedisUnavailable", "CorruptValue", "UnknownTask",
     "Fixed", "Exponential", "STALLED", "CANCELED", "TIMEOUT", "DEFECT",
 ]

@@ -134,7 +134,7 @@ class CompletionBatcher:
                 else:
                     async with asyncio.timeout(left):
                         codes = await self.engine.complete_many(settled)
-            except BaseException as exc:  # noqa: BLE001 - handed to every waiter
+            except BaseException as exc:  # handed to every waiter
                 for _, _, future in batch:
                     if not future.done():
                         future.set_exception(exc)

@@ -44,7 +44,7 @@ def text(value: Any) -> str:
     if not isinstance(value, str):
         try:
             value = str(value)
-        except Exception as exc:  # noqa: BLE001 - a user's __str__ may raise anything
+        except Exception as exc:  # a user's __str__ may raise anything
             value = f"<{type(value).__name__} whose str() raised {type(exc).__name__}>"
         if not isinstance(value, str):  # a __str__ that returned a str subclass gone wrong
             value = f"<{type(value).__name__}>"
@@ -141,7 +141,7 @@ def preview(value: Any) -> str:
     """A short, safe repr of `value` (at most PREVIEW_CHARS characters), for messages."""
     try:
         shown = _Preview().repr(value)
-    except Exception:  # noqa: BLE001 - a user's __repr__ may raise anything
+    except Exception:  # a user's __repr__ may raise anything
         shown = f"<{type(value).__name__}>"
     shown = text(shown)
     return shown if len(shown) <= PREVIEW_CHARS else shown[:PREVIEW_CHARS - 3] + "..."
@@ -156,7 +156,7 @@ def storable(value: Any, *, max_depth: int, max_int: int, max_bytes: int) -> tup
             size = len(_encoder.encode(value).encode())
             if size > max_bytes:
                 why = f"more than {human_size(max_bytes)} as JSON ({size:,} bytes)"
-        except Exception as exc:  # noqa: BLE001 - whatever the encoder finds
+        except Exception as exc:  # whatever the encoder finds
             why = f"not JSON ({type(exc).__name__}: {text(exc)[:200]})"
     if why is None:
         return value, None

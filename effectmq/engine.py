@@ -24,7 +24,7 @@ from .aio import cancel_and_wait
 from .checks import check_number
 from .connection import RETRYABLE_REPLIES
 from .errors import (
-    DEFECT, AlreadySettled, CorruptValue, ErrorInfo, InvalidOption, InvalidPayload, LeaseLost, RedisRefused,
+    DEFECT, AlreadySettled, CorruptValue, ErrorInfo, InvalidOption, LeaseLost, RedisRefused,
     RedisUnavailable, TaskError,
 )
 from .protocol import ACQUIRE_PEEK, ACQUIRE_WINDOW, MAX_ACQUIRE, MAX_DELAY, AcquireStatus, Outcome, ms, retention_ms
@@ -111,7 +111,7 @@ def error_info(error: Any, declared: Sequence[type[BaseException]] = ()) -> tupl
     if isinstance(error, TaskError):
         try:
             tag = error.error_tag()
-        except Exception:  # noqa: BLE001 - a subclass may override it badly
+        except Exception:  # a subclass may override it badly
             tag = type(error).__name__
         return ErrorInfo(tag, codec.text(error), getattr(error, "data", None)), error.retryable
     if isinstance(error, BaseException):
@@ -154,7 +154,7 @@ def error_json(info: ErrorInfo) -> str:
         out["message"] = codec.fitted(message, room, f"a stored error is at most "
                                                      f"{codec.human_size(protocol.MAX_ERROR_BYTES)}")
         return codec.dumps(out, "error")
-    except Exception:  # noqa: BLE001 - each part above is made safe: this is the last resort
+    except Exception:  # each part above is made safe: this is the last resort
         tag = info.tag if isinstance(info.tag, str) and info.tag.isascii() else DEFECT
         return json.dumps({"tag": tag[:protocol.MAX_ERROR_TAG], "message": "the error could not be stored",
                            "kind": "handler"})
@@ -170,7 +170,7 @@ def retry_delay(policies: Sequence[Any], failures: int) -> tuple[float, str | No
             if math.isfinite(delay) and 0 <= delay <= MAX_DELAY:
                 return delay, problem
             problem = problem or f"retry policy returned an invalid delay {delay!r}"
-        except Exception as exc:  # noqa: BLE001 - a user's policy may raise anything
+        except Exception as exc:  # a user's policy may raise anything
             problem = problem or f"retry policy raised {type(exc).__name__}: {exc}"
     return float(retry_policies.DEFAULT_POLICY(failures)), problem
 
@@ -204,7 +204,8 @@ class Lease:
         self._raw_payload = fields.undecodable.get("payload", v["payload"])
         try:
             stored = v["options"]
-            options = None if stored in (None, "", "{}") or "options" in self.corrupt else codec.loads(stored, "options")
+            no_options = stored in (None, "", "{}") or "options" in self.corrupt
+            options = None if no_options else codec.loads(stored, "options")
             if not isinstance(options, (dict, type(None))):
                 raise CorruptValue(f"stored options are not a JSON object: {options!r}")
             self.options = options or {}
@@ -506,7 +507,7 @@ class LeaseEngine:
             except (RedisUnavailable, TimeoutError, asyncio.CancelledError):
                 self._lost.appendleft((prefix, ids))  # not now: for the next call
                 raise
-            except Exception as exc:  # noqa: BLE001 - refused (or unreadable): sending it again will not help
+            except Exception as exc:  # refused (or unreadable): sending it again will not help
                 log.warning("queue %r: the leases of an acquire call whose reply was lost were not handed back "
                             "(they run out and count a stall): %s", self.queue.name, exc)
         if reclaimed:

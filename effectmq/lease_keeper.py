@@ -74,7 +74,7 @@ class LeaseKeeper:
             self._new_lease.clear()
             try:
                 await self.once()
-            except Exception as exc:  # noqa: BLE001 - the safety window alone interrupts handlers
+            except Exception as exc:  # the safety window alone interrupts handlers
                 self.worker.loop_failed("heartbeat", exc)
 
     async def once(self) -> None:

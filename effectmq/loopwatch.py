@@ -94,7 +94,7 @@ class LoopWatch:
         where = "".join(traceback.format_list(frames)) or "(no stack)\n"
         try:
             held = self.describe()
-        except Exception as exc:  # noqa: BLE001 - the loop changed what describe reads meanwhile
+        except Exception as exc:  # the loop changed what describe reads meanwhile
             held = f"({type(exc).__name__} while describing)"
         # Stuck in the selector's wait: nothing ran, the process itself stood still.
         advice = PAUSED if frames and frames[-1].name == "select" else self._advice

@@ -358,7 +358,8 @@ class StatsReply:
     @classmethod
     def from_reply(cls, reply: list) -> "StatsReply":
         r = [int(x) for x in reply[:9]]
-        return cls(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8], [x.decode() if isinstance(x, bytes) else str(x) for x in reply[9:]])
+        return cls(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8],
+                   [x.decode() if isinstance(x, bytes) else str(x) for x in reply[9:]])
 
 
 @dataclass(frozen=True)

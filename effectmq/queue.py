@@ -560,5 +560,5 @@ class TaskQueue(OwnsConnection):
         disable CONFIG)."""
         try:  # redis-py 5 to 8 answer {name: str}, RESP2 and RESP3 alike
             return (await self.redis.config_get("maxmemory-policy")).get("maxmemory-policy")
-        except Exception:  # noqa: BLE001 - refused, renamed or not answered: nothing to tell
+        except Exception:  # refused, renamed or not answered: nothing to tell
             return None

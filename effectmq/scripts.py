@@ -3,10 +3,11 @@
 On Redis 7 the scripts in ``lua/`` are one function library (`library`: the helpers of
 ``lua/includes/`` defined once, each script a function) called with FCALL. Where Redis
 has no functions for us (6.2, an ACL), each is called by SHA (EVALSHA), prefixed with the
-queue settings' defaults (from `settings.LUA_DEFAULTS`) and the includes it names. When Redis answers that it lacks one (after a restart, SCRIPT or
-FUNCTION FLUSH) the runner loads it and sends the call again. Calls take and give the
-typed records of `protocol`; each call declares the queue's keys and then the task
-hashes of its `task_ids()` (lua/includes/keys.lua).
+queue settings' defaults (from `settings.LUA_DEFAULTS`) and the includes it names. When
+Redis answers that it lacks one (after a restart, SCRIPT or FUNCTION FLUSH) the runner
+loads it and sends the call again. Calls take and give the typed records of `protocol`;
+each call declares the queue's keys and then the task hashes of its `task_ids()`
+(lua/includes/keys.lua).
 """
 
 from __future__ import annotations

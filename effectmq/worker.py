@@ -78,7 +78,8 @@ class TaskContext:
         try:
             await self.lease.progress(value)
         except RedisUnavailable as exc:
-            (log.debug if self._progress_refused else log.warning)("progress of task %s not stored: %s", self.task_id, exc)
+            report = log.debug if self._progress_refused else log.warning
+            report("progress of task %s not stored: %s", self.task_id, exc)
             self._progress_refused = True  # one warning per attempt: a handler may report often
             return False
         return True
@@ -158,7 +159,8 @@ class _TakeAlong:
 
 class Worker:
     def __init__(self, queue_or_app: TaskQueue | App, handlers: App | Mapping[str, Any] | None = None, *,
-                 concurrency: int = 10, prefetch: int | None = None, lock_timeout: float | None = None, lock_refresh: float | None = None,
+                 concurrency: int = 10, prefetch: int | None = None, lock_timeout: float | None = None,
+                 lock_refresh: float | None = None,
                  drain_timeout: float = 30.0, maintenance_interval: float = 5.0, maintenance_batch: int = 100,
                  idle_poll: float = 5.0, metrics_port: int | None = None, install_signal_handlers: bool = True,
                  name: str | None = None, loop_block_warning: float | None = 1.0):
@@ -185,7 +187,8 @@ class Worker:
         self.lock_timeout = lock_timeout if lock_timeout is not None else self.queue.lock_timeout
         self.lock_refresh = lock_refresh
         if lock_refresh is not None and lock_refresh >= self.lock_timeout:
-            raise InvalidOption(f"lock_refresh ({lock_refresh}) must be shorter than lock_timeout ({self.lock_timeout})")
+            raise InvalidOption(
+                f"lock_refresh ({lock_refresh}) must be shorter than lock_timeout ({self.lock_timeout})")
         self.drain_timeout = drain_timeout
         check_number("maintenance_interval", maintenance_interval, minimum=0.001, allow_none=False)
         check_number("maintenance_batch", maintenance_batch, minimum=1, integer=True, allow_none=False,
@@ -375,7 +378,7 @@ class Worker:
                 leases, next_due = await self.queue.acquire_many(free, lock_timeout=self.lock_timeout)
                 backoff = BACKOFF_FIRST
                 self._set_ready(True)
-            except Exception as exc:  # noqa: BLE001 - judged in one place
+            except Exception as exc:  # judged in one place
                 self.slots.answered(free)
                 self.loop_failed("acquire", exc, backoff)
                 await self._until(self._stopping, backoff)
@@ -409,7 +412,7 @@ class Worker:
             try:
                 async with asyncio.timeout(HELPER_STOP_TIMEOUT):
                     await self.queue.engine.reclaim_lost()
-            except Exception as exc:  # noqa: BLE001 - best effort: those leases run out instead
+            except Exception as exc:  # best effort: those leases run out instead
                 log.warning("worker %s: leases of calls whose reply was lost not handed back: %s", self.name,
                             str(exc) or type(exc).__name__)
         if self._background:  # hand-backs under way finish before the connections close
@@ -589,7 +592,8 @@ class Worker:
         finally:
             self._handler_returned(attempt)
 
-    async def _fail(self, lease: Lease, error: Any, definition: TaskDef | None, *, retryable: bool | None = None) -> str:
+    async def _fail(self, lease: Lease, error: Any, definition: TaskDef | None, *,
+                    retryable: bool | None = None) -> str:
         declared = definition.errors if definition else ()
         if isinstance(error, BaseException):
             kind = "handler" if isinstance(error, tuple(declared)) or hasattr(error, "error_tag") else "defect"
@@ -657,7 +661,7 @@ class Worker:
             return True
         except (RedisUnavailable, asyncio.TimeoutError) as exc:
             log.debug("announcement skipped: %s", exc)
-        except Exception as exc:  # noqa: BLE001 - judged in one place
+        except Exception as exc:  # judged in one place
             self.loop_failed("announce", exc)
         return False
 
@@ -716,7 +720,7 @@ class Worker:
                 if bookkeeping:
                     bookkeeping_due = start + pacing.interval
                 backoff = BACKOFF_FIRST
-            except Exception as exc:  # noqa: BLE001 - judged in one place
+            except Exception as exc:  # judged in one place
                 self.loop_failed("maintenance", exc, backoff)
                 await self._until(self._stopping, backoff)
                 backoff = min(backoff * 2, BACKOFF_LIMIT)

@@ -256,7 +256,6 @@ def from_test_control_plane() -> dict[str, Any]:
 def _styled(value: Any) -> Any:
     """Long descriptions as block scalars, the way the rest of the CRD is written."""
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
-    from ruamel.yaml.scalarstring import LiteralScalarString
 
     if isinstance(value, dict):
         out = CommentedMap()

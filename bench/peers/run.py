@@ -250,7 +250,8 @@ def run_variant(v: Variant, python: str, url: str, args, workdir: Path, *, workl
                 "loadavg_before": load_before}
     result = json.loads(out_file.read_text())
     result.update({"variant": v.name, "workload": workload, "options": v.options, "about": v.about,
-                   "commit": v.commit, "checkout": state, "loadavg_before": load_before, "wall_s": round(time.monotonic() - started, 1)})
+                   "commit": v.commit, "checkout": state, "loadavg_before": load_before,
+                   "wall_s": round(time.monotonic() - started, 1)})
     return result
 
 
@@ -449,7 +450,8 @@ def producer_table(rows: list[dict]) -> str:
         way = next((r["bulk"]["way"] for r in rs if r["bulk"].get("way")), "-")
         batch = next((r["bulk"]["batch"] for r in rs if r["bulk"].get("batch")), None)
         lines.append(
-            f"{name:<18} {fmt(single.get('tasks_per_s'), ',.0f'):>8} {fmt(single.get('redis_cpu_us_per_task'), '.0f'):>7} "
+            f"{name:<18} {fmt(single.get('tasks_per_s'), ',.0f'):>8} "
+            f"{fmt(single.get('redis_cpu_us_per_task'), '.0f'):>7} "
             f"{fmt(single.get('redis_commands_per_task'), '.1f'):>5} "
             f"{fmt(med(lambda r: r['bulk']['tasks_per_s']), ',.0f'):>8} "
             f"{fmt(med(lambda r: r['bulk']['redis_cpu_us_per_task']), '.0f'):>7} "

@@ -169,7 +169,7 @@ def rates(records: list, launched_ns: int) -> dict:
     starts = sorted(r[1] for r in records)
     first_per_slot: dict[int, int] = {}
     per_slot: collections.Counter = collections.Counter()
-    for job, t, slot, _pid in records:
+    for _job, t, slot, _pid in records:
         per_slot[slot] += 1
         if slot not in first_per_slot or t < first_per_slot[slot]:
             first_per_slot[slot] = t

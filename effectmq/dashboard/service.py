@@ -124,7 +124,7 @@ class DashboardService:
                     log.warning("could not register interest in events (task pages show only those already "
                                 "written): %s", exc)
                 problem = str(exc)
-            except Exception:  # noqa: BLE001 - a bug here must not end the loop silently
+            except Exception:  # a bug here must not end the loop silently
                 log.exception("could not register interest in events")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), EVENTS_EVERY)
@@ -204,7 +204,7 @@ class DashboardService:
                 return [f"{node}: {note}" for node in nodes
                         for note in redis_write_notes({k: v for r in replies for k, v in r.get(node, {}).items()})]
             replies = await asyncio.gather(*(self.redis.info(s) for s in sections))
-        except Exception:  # noqa: BLE001 - nothing to tell; the queues' reads say what is wrong
+        except Exception:  # nothing to tell; the queues' reads say what is wrong
             return []
         info = {k: v for r in replies for k, v in r.items()}
         if info.get("rdb_last_bgsave_status") == "err":  # refused only with these settings

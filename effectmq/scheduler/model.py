@@ -89,7 +89,8 @@ class ScheduleSpec:
         if self.missed not in MISSED_MODES:
             raise InvalidSchedule(f"missed must be one of {', '.join(MISSED_MODES)}, got {self.missed!r}")
         if not _number(self.max_backfill, integer=True) or not 1 <= self.max_backfill <= MAX_BACKFILL:
-            raise InvalidSchedule(f"max_backfill must be an integer from 1 to {MAX_BACKFILL}, got {self.max_backfill!r}")
+            raise InvalidSchedule(
+                f"max_backfill must be an integer from 1 to {MAX_BACKFILL}, got {self.max_backfill!r}")
         if self.starting_deadline is not None and (not _number(self.starting_deadline) or self.starting_deadline < 1):
             raise InvalidSchedule(f"starting_deadline must be at least 1 second, got {self.starting_deadline!r}")
         if not _number(self.missed_after) or not 0 <= self.missed_after <= MAX_MISSED_AFTER:

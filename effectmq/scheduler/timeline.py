@@ -35,7 +35,8 @@ def load_zone(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):
-        raise InvalidSchedule(f"timezone {name!r} is not a known IANA time zone (e.g. 'UTC', 'Europe/Berlin')") from None
+        raise InvalidSchedule(
+            f"timezone {name!r} is not a known IANA time zone (e.g. 'UTC', 'Europe/Berlin')") from None
 
 
 def _offset(zone: ZoneInfo, t: int) -> int:

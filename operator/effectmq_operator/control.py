@@ -349,7 +349,8 @@ def pod_costs(workers: Mapping[str, tuple[int, int]], pods: list[str]) -> dict[s
 
 def _workers_check(facts: QueueFacts, now: float) -> tuple[Check, Problem | None]:
     if not facts.has_worker:
-        return Check.of("WorkersDeployed", True, "NoWorkers", "spec.worker is not set: the operator runs no Deployment"), None
+        return Check.of("WorkersDeployed", True, "NoWorkers",
+                        "spec.worker is not set: the operator runs no Deployment"), None
     if facts.apply_problem is not None:
         p = facts.apply_problem
         return Check.of("WorkersDeployed", False, p.reason, p.message), p

@@ -187,7 +187,7 @@ class Watches:
                 return
             except kopf_errors.APINotFoundError:
                 continue
-            except Exception as exc:  # noqa: BLE001 - an API server away: look again later
+            except Exception as exc:  # an API server away: look again later
                 log.debug("looking for %s: %s", url, exc)
 
 

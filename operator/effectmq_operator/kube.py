@@ -206,7 +206,8 @@ class Kube:
 
     async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         try:
-            await self._write(self.core.patch_namespaced_pod, name, namespace, {"metadata": {"annotations": annotations}})
+            await self._write(self.core.patch_namespaced_pod, name, namespace,
+                              {"metadata": {"annotations": annotations}})
         except ApiException as exc:
             if exc.status != 404:  # the pod went away meanwhile
                 raise

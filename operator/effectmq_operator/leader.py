@@ -345,7 +345,7 @@ class LeaderElector:
         """
         try:
             return await asyncio.wait_for(self._release(), self.release_timeout if timeout is None else timeout)
-        except Exception as exc:  # noqa: BLE001 - shutting down: report, never raise
+        except Exception as exc:  # shutting down: report, never raise
             if self._leading:  # cannot tell whether it is still ours: stop acting anyway
                 self._released = True
                 self._stand_down("releasing the Lease")

@@ -18,7 +18,8 @@ RECOVERED = Counter("effectmq_operator_leases_recovered", "Expired leases recove
                     ["queue", "outcome"])
 RECONCILES = Counter("effectmq_operator_reconciles", "Queue reconciles finished", ["outcome"])
 OLDEST_RECONCILE = Gauge("effectmq_operator_oldest_reconcile_age_seconds",
-                         "Seconds since the least recently reconciled Queue was last reconciled (a full pass takes this long)")
+                         "Seconds since the least recently reconciled Queue was last reconciled "
+                         "(a full pass takes this long)")
 API_REQUESTS = Counter("effectmq_operator_api_requests", "Kubernetes API calls made by the reconcilers")
 TICKS = Counter("effectmq_operator_schedule_ticks", "Schedule ticks materialized as tasks", ["schedule"])
 LOOP_LAG = Histogram("effectmq_operator_event_loop_lag_seconds", "How late the operator's event loop ran a tick it "

@@ -31,7 +31,8 @@ class ScalingSpec:
     poll_interval: float = 10.0
     scale_down_stabilization: float = 300.0
     cooldown: float = 300.0
-    concurrency: int = 10  # leases per replica (its concurrency and prefetch): how many replicas in-flight work occupies
+    # leases per replica (its concurrency and prefetch): how many replicas in-flight work occupies
+    concurrency: int = 10
     paused: bool = False  # a paused queue needs only minReplicas (busy workers are kept until they drain)
     replica_cap: int | None = None  # from maxActive: more replicas than this would only idle
 

@@ -99,7 +99,8 @@ class ScheduleController:
                                   relist_every=RESYNC_EVERY, on_listed=self._schedule_seen)
         self.runtime: dict[Key, ScheduleRuntime] = {}
         self.work = WorkQueue(self._reconcile_key, interval=lambda key: RESYNC_EVERY, concurrency=concurrency,
-                              deadline=deadline, describe=lambda key, exc: describe_failure(exc, _secrets(self._placed(key))))
+                              deadline=deadline,
+                              describe=lambda key, exc: describe_failure(exc, _secrets(self._placed(key))))
         self._tickers: dict[RedisTarget, asyncio.Task] = {}
         self._feeds: dict[RedisTarget, MirrorFeed] = {}
         self._tick_problems: dict[RedisTarget, Problem] = {}  # why a Redis' tick passes fail, while they do
@@ -255,7 +256,8 @@ class ScheduleController:
                     progress = schedule_progress(state)
                 checks.append(Check.of("RedisReachable", True, "Connected", "schedule stored in the Queue's Redis"))
                 failing = self._tick_problems.get(target)
-                checks.append(Check.of("TicksMaterialized", failing is None, failing.reason if failing else "Materializing",
+                checks.append(Check.of("TicksMaterialized", failing is None,
+                                       failing.reason if failing else "Materializing",
                                        failing.message if failing else "the tick passes on its Redis succeed"))
                 problem = problem or failing
         except asyncio.CancelledError:
@@ -324,7 +326,8 @@ class ScheduleController:
         except Exception as exc:
             if own and not isinstance(exc, effectmq.RedisRefused):
                 raise
-            why = "no answer in time" if isinstance(exc, asyncio.TimeoutError) else describe_failure(exc, target.secrets)
+            why = ("no answer in time" if isinstance(exc, asyncio.TimeoutError)
+                   else describe_failure(exc, target.secrets))
             log.warning("cannot tell which Redis %r is (its store identity: %s): the schedules of its Queues are kept",
                         target, why)
             return None
@@ -523,7 +526,8 @@ class ScheduleController:
                     pending.append(write(key, rt, progress, progress["lastTickTime"] != shown.get("lastTickTime")))
             # side by side: one after another, 1,000 changed schedules at 20 ms API latency
             # took 20 s, past the pass's deadline
-            failures = [r for r in await asyncio.gather(*pending, return_exceptions=True) if isinstance(r, BaseException)]
+            results = await asyncio.gather(*pending, return_exceptions=True)
+            failures = [r for r in results if isinstance(r, BaseException)]
             if failures:
                 raise failures[0]  # the cursor stays: the round is taken again
 

@@ -30,7 +30,8 @@ ACTIONS = ["--set", "dashboard.actions.enabled=true", "--set", "dashboard.action
 
 def dashboard(plane, *args: str) -> tuple[dict, dict, dict]:
     objects = render(plane, NAMESPACE, *ON, *args)
-    component = [o for o in objects if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "dashboard"]
+    component = [o for o in objects
+                 if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "dashboard"]
     deployment = next(o for o in component if o["kind"] == "Deployment")
     service = next(o for o in component if o["kind"] == "Service")
     return deployment, deployment["spec"]["template"]["spec"]["containers"][0], service
@@ -71,7 +72,8 @@ def test_a_cluster_ip_dashboard_says_its_reads_are_open(kube_control_plane):
 
 def test_the_dashboard_answers_to_its_service_names_and_those_allowed(kube_control_plane):
     _, container, _ = dashboard(kube_control_plane)
-    names = [SERVICE, f"{SERVICE}.{NAMESPACE}", f"{SERVICE}.{NAMESPACE}.svc", f"{SERVICE}.{NAMESPACE}.svc.cluster.local"]
+    names = [SERVICE, f"{SERVICE}.{NAMESPACE}", f"{SERVICE}.{NAMESPACE}.svc",
+             f"{SERVICE}.{NAMESPACE}.svc.cluster.local"]
     assert values_of(container["args"], "--allowed-host") == names
     assert "--behind-tls" not in container["args"]
     _, container, _ = dashboard(kube_control_plane, "--set", "dashboard.allowedHosts={queues.example.com}",

@@ -107,7 +107,7 @@ class Sampler:
             try:
                 self.replicas.append(deployment_replicas(self.cluster))
                 self.pods |= {p["metadata"]["name"] for p in worker_pods(self.cluster)}
-            except Exception:  # noqa: BLE001 - a missed sample is fine
+            except Exception:  # a missed sample is fine
                 pass
             self._stop.wait(0.5)
 
@@ -368,7 +368,7 @@ def _delete_a_worker_in_its_first_second(c, q) -> None:
              what="no worker pods")
     known = {int(p) for p in os.listdir("/proc") if p.isdigit()}
     task = q.offer("send_report", {"report": "first-second", "seconds": 10}).task_id  # longer than the grace
-    for attempt in range(3):  # the operator scales from zero; a deleted pod's replacement is the next try
+    for _ in range(3):  # the operator scales from zero; a deleted pod's replacement is the next try
         pod = delete_in_its_sandbox(c, known, timeout=120)
         deleted_at = time.clock_gettime(time.CLOCK_BOOTTIME)
         pid = worker_container_of(pod, known, timeout=20)
@@ -394,7 +394,8 @@ def test_deleted_operator_pod_comes_back_and_scaling_goes_on(release, q):
     wait_for(lambda: deployment_replicas(c) == 0, timeout=90, what="idle before the test")
     c.kubectl("delete", "pod", old, "-n", NS, "--wait=false")
     c.kubectl("rollout", "status", f"deployment/{RELEASE}", "-n", NS, "--timeout=120s")
-    new = wait_for(lambda: [p["metadata"]["name"] for p in operator_pods(c) if ready(p) and p["metadata"]["name"] != old],
+    new = wait_for(lambda: [p["metadata"]["name"] for p in operator_pods(c)
+                            if ready(p) and p["metadata"]["name"] != old],
                    timeout=120, what="a new operator pod Ready")
     assert new and old not in new
     with Sampler(c) as sampler:
@@ -418,7 +419,10 @@ def test_schedule_ticks_run_as_tasks_in_worker_pods_one_task_per_tick(release, q
     wait_for(two_new_ticks, timeout=90, interval=0.5, what="two new digest ticks")
     patch(c, "schedule", "digest", {"spec": {"suspend": True}})
     first, last = seen[1], seen[-1]
-    stamp = lambda task_id: calendar.timegm(time.strptime(task_id.rsplit("/", 1)[1], "%Y-%m-%dT%H:%M:%SZ"))
+
+    def stamp(task_id: str) -> int:
+        return calendar.timegm(time.strptime(task_id.rsplit("/", 1)[1], "%Y-%m-%dT%H:%M:%SZ"))
+
     # every tick between the first and the last new one is a task (deterministic ids: one per tick)
     ids = [f"{NS}/digest/" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
            for t in range(stamp(first), stamp(last) + 1, 10)]
@@ -516,7 +520,8 @@ def crash_record(c, name: str) -> str:
     return "; ".join(out) or "no pods"
 
 
-def test_a_wrong_handler_module_is_stalled_and_failed_within_the_bound_from_zero_and_over_running_pods(release, redis_url, kstatus):
+def test_a_wrong_handler_module_is_stalled_and_failed_within_the_bound_from_zero_and_over_running_pods(
+        release, redis_url, kstatus):
     """Issue 35, defect 2 (Must show 3), on the real kubelet. Two Queues on the example image,
     side by side so the bound is waited out once: `broken` has handlers shop.taskz:app (no such
     module) and minReplicas 0, and gets 5 tasks (a scale-up from zero, which the Deployment

@@ -49,7 +49,8 @@ async def test_overview_lists_both_queues_with_their_counts(redis_url, start_das
     async with TaskQueue("reports/daily", url=redis_url) as q:
         await q.offer("send_report", {"report": "new"})
     await page.wait_for_function(
-        """() => document.querySelector('[data-queue="reports/daily"] [data-count="waiting"] .n').textContent.trim() === "3" """,
+        """() => document.querySelector('[data-queue="reports/daily"] [data-count="waiting"] .n')"""
+        """.textContent.trim() === "3" """,
         timeout=10_000)
     assert await page.evaluate("window.__notReloaded") is True
 

@@ -201,7 +201,8 @@ def not_yet_seen_cases(kind: str) -> list[Case]:
     empty_status["status"] = {}
     return [Case("no-status-yet", no_status, *NOT_YET_SEEN),
             Case("empty-status", empty_status, *NOT_YET_SEEN),
-            Case(f"{SUSPEND_FIELD[kind]}-no-status-yet", with_spec(no_status, **{SUSPEND_FIELD[kind]: True}), *NOT_YET_SEEN)]
+            Case(f"{SUSPEND_FIELD[kind]}-no-status-yet", with_spec(no_status, **{SUSPEND_FIELD[kind]: True}),
+                 *NOT_YET_SEEN)]
 
 
 CASES = [Case(f"{kind}/{group}/{c.id}", c.obj, c.argo, c.kstatus)

@@ -117,7 +117,8 @@ TYPOS = {  # a field misspelt, or a value a Pod would refuse: refused at apply, 
     "resources-limit": ({"resources": {"limit": {"cpu": "1"}}}, ['unknown field "spec.worker.resources.limit"']),
     "resources-quantity": ({"resources": {"requests": {"memory": "1 GB"}}},
                            ["spec.worker.resources.requests.memory", "should match"]),
-    "envfrom-typo": ({"envFrom": [{"secretRef": {"nmae": "s"}}]}, ['unknown field "spec.worker.envFrom[0].secretRef.nmae"']),
+    "envfrom-typo": ({"envFrom": [{"secretRef": {"nmae": "s"}}]},
+                     ['unknown field "spec.worker.envFrom[0].secretRef.nmae"']),
     "pull-policy": ({"imagePullPolicy": "Sometimes"}, ['spec.worker.imagePullPolicy: Unsupported value: "Sometimes"']),
     "toleration-operater": (pod_template(tolerations=[{"operater": "Exists"}]),
                             ['unknown field "spec.worker.podTemplate.tolerations[0].operater"']),
@@ -125,11 +126,13 @@ TYPOS = {  # a field misspelt, or a value a Pod would refuse: refused at apply, 
                           ['spec.worker.podTemplate.tolerations[0].effect: Unsupported value: "NoSchedul"']),
     "affinity-typo": (pod_template(affinity={"nodeAfinity": {}}),
                       ['unknown field "spec.worker.podTemplate.affinity.nodeAfinity"']),
-    "affinity-deep-typo": (pod_template(affinity={"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-        {"weight": 1, "podAffinityTerm": {"topologyKey": "zone", "labelSelecter": {}}}]}}),
-        ['unknown field "spec.worker.podTemplate.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution'
-         '[0].podAffinityTerm.labelSelecter"']),
-    "spread-without-key": (pod_template(topologySpreadConstraints=[{"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule"}]),
+    "affinity-deep-typo": (
+        pod_template(affinity={"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 1, "podAffinityTerm": {"topologyKey": "zone", "labelSelecter": {}}}]}}),
+        ['unknown field "spec.worker.podTemplate.affinity.podAntiAffinity.'
+         'preferredDuringSchedulingIgnoredDuringExecution[0].podAffinityTerm.labelSelecter"']),
+    "spread-without-key": (pod_template(topologySpreadConstraints=[{"maxSkew": 1,
+                                                                    "whenUnsatisfiable": "DoNotSchedule"}]),
                            ["spec.worker.podTemplate.topologySpreadConstraints[0].topologyKey: Required value"]),
     "pull-secret-without-name": (pod_template(imagePullSecrets=[{}]),
                                  ["spec.worker.podTemplate.imagePullSecrets[0].name: Required value"]),

@@ -143,7 +143,8 @@ def test_invalid_manifests_name_file_and_field(tmp_path, mutate, expected):
 
 def test_schedule_pointing_at_a_missing_queue_is_rejected(tmp_path):
     (tmp_path / "s.yaml").write_text((ROOT / "examples/k8s/schedule.yaml").read_text())
-    (tmp_path / "q.yaml").write_text((ROOT / "examples/k8s/queue.yaml").read_text().replace("name: emails", "name: other"))
+    other_queue = (ROOT / "examples/k8s/queue.yaml").read_text().replace("name: emails", "name: other")
+    (tmp_path / "q.yaml").write_text(other_queue)
     res = subprocess.run([sys.executable, "-m", "effectmq", "local", str(tmp_path), "--no-view"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "operator")])})
@@ -162,7 +163,8 @@ def test_a_full_redis_pauses_the_ticks_and_the_system_goes_on(tmp_path):
         server = redis.Redis(port=local.port)
         try:
             server.config_set("maxmemory", 1)
-            local.wait_line(r"effectmq local: Redis refused .*OOM.*; retrying", timeout=30)  # a tick fell due (every 10 s)
+            # a tick fell due (every 10 s)
+            local.wait_line(r"effectmq local: Redis refused .*OOM.*; retrying", timeout=30)
             assert local.proc.poll() is None, "\n".join(local.lines()[-30:])
         finally:
             server.config_set("maxmemory", 0)

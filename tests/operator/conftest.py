@@ -48,7 +48,7 @@ def start_operator(request, kube_control_plane, kube_namespace, effectmq_crds, t
         # pytest shows a teardown's output only when the test failed
         try:
             print(f"--- the resources' conditions ---\n{resource_states(kube_control_plane, kube_namespace)}")
-        except Exception as exc:  # noqa: BLE001 - a diagnostic must not hide the failure
+        except Exception as exc:  # a diagnostic must not hide the failure
             print(f"(conditions unreadable: {exc})")
     for op in started:
         progress = operator_progress(op) if failed else ""

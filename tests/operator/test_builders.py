@@ -251,7 +251,8 @@ def test_the_schedule_crd_states_the_schedulers_defaults_and_bounds():
 
     text = (ROOT / "crds/schedule.yaml").read_text()
     assert (ROOT / "charts/effectmq/crds/schedule.yaml").read_text() == text
-    fields = yaml.safe_load(text)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    schema = yaml.safe_load(text)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    fields = schema["properties"]["spec"]["properties"]
     grace = fields["missedAfterSeconds"]
     assert (grace["default"], grace["minimum"], grace["maximum"]) == (60, 0, MAX_MISSED_AFTER)
     minimal = {"queueRef": {"name": "q"}, "schedule": "@hourly", "task": {"name": "t"}}

@@ -106,7 +106,7 @@ async def test_a_redis_that_answers_is_still_told_apart(make_redis):
         missing = await problem_at(connections, f"redis://127.0.0.1:{server.port}/0")
     finally:
         await connections.close()
-    for reason, message in (wrong, missing):
+    for _reason, message in (wrong, missing):
         assert "did not answer as a Redis server" not in message, message
         assert "answ3red-pw" not in message
     assert "invalid username-password pair" in wrong[1] or "WRONGPASS" in wrong[1], wrong

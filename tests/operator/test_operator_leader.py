@@ -106,7 +106,8 @@ def test_cut_leader_steps_down_before_takeover_follows_again_and_sigterm_is_prom
     timings: dict[str, float] = {}
     try:
         env = {"EFFECTMQ_OPERATOR_LEASE_SECONDS": str(LEASE_SECONDS)}
-        a = start_operator(name="operator-a", kubeconfig=proxied_kubeconfig(plane, proxy.port, tmp_path / "a.kubeconfig"),
+        a = start_operator(name="operator-a",
+                           kubeconfig=proxied_kubeconfig(plane, proxy.port, tmp_path / "a.kubeconfig"),
                            extra_env=env)
         wait_for(lambda: lease_holder(plane, ns) == identity(a), timeout=30, what=f"A holds the Lease\n{a.log()}")
         b = start_operator(name="operator-b", extra_env=env)

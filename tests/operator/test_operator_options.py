@@ -24,8 +24,9 @@ def operator_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("env, args, message", [
-    ({"EFFECTMQ_OPERATOR_LEASE_SECONDS": "abc"}, (), "--lease-seconds: must be a positive number of seconds, "
-                                                      "not 'abc' (from --lease-seconds or $EFFECTMQ_OPERATOR_LEASE_SECONDS)"),
+    ({"EFFECTMQ_OPERATOR_LEASE_SECONDS": "abc"}, (),
+     "--lease-seconds: must be a positive number of seconds, "
+     "not 'abc' (from --lease-seconds or $EFFECTMQ_OPERATOR_LEASE_SECONDS)"),
     ({"EFFECTMQ_OPERATOR_LEASE_SECONDS": "0"}, (), "--lease-seconds: must be a positive number of seconds, not '0'"),
     ({}, ("--lease-seconds", "nan"), "--lease-seconds: must be a positive number of seconds, not 'nan'"),
     ({"EFFECTMQ_OPERATOR_METRICS_PORT": "http"}, (), "--metrics-port: must be a port number, not 'http' "
@@ -45,8 +46,9 @@ def test_the_help_names_each_variable():
     done = operator_cli("--help")
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())
-    for variable in ("EFFECTMQ_OPERATOR_METRICS_PORT", "EFFECTMQ_OPERATOR_LEASE_SECONDS", "EFFECTMQ_OPERATOR_API_THREADS",
-                     "EFFECTMQ_OPERATOR_REDIS_CONNECTIONS", "EFFECTMQ_OPERATOR_RECONCILES"):
+    for variable in ("EFFECTMQ_OPERATOR_METRICS_PORT", "EFFECTMQ_OPERATOR_LEASE_SECONDS",
+                     "EFFECTMQ_OPERATOR_API_THREADS", "EFFECTMQ_OPERATOR_REDIS_CONNECTIONS",
+                     "EFFECTMQ_OPERATOR_RECONCILES"):
         assert f"${variable}" in text, variable
 
 

@@ -353,7 +353,8 @@ def test_a_schedule_removed_by_hand_is_stored_again_and_never_reads_ready_while_
             assert time.monotonic() - removed < RESYNC_EVERY + 10, "not stored again within a resync"
             time.sleep(0.2)
         print(f"stored again {time.monotonic() - removed:.1f}s after its removal")
-        wait_for(lambda: any(t == "Warning" and r == "ScheduleRestored" for t, r, _ in events(plane, ns, "every-second")),
+        wait_for(lambda: any(t == "Warning" and r == "ScheduleRestored"
+                             for t, r, _ in events(plane, ns, "every-second")),
                  what="a Warning Event that it was missing")
         count = len(tick_record(redis_url, f"{ns}/emails", schedule_id))
         wait_for(lambda: len(tick_record(redis_url, f"{ns}/emails", schedule_id)) >= count + 2, timeout=20,

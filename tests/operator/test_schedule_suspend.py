@@ -50,7 +50,8 @@ def test_a_resumed_skip_schedule_fires_none_of_the_ticks_due_while_suspended(kub
                  timeout=30, what="ticks after the resume")
     finally:
         server.close()
-    during = [t for t in tick_tasks(redis_url, f"{ns}/emails", schedule_id) if settled < parse(t).timestamp() <= resumed]
+    during = [t for t in tick_tasks(redis_url, f"{ns}/emails", schedule_id)
+              if settled < parse(t).timestamp() <= resumed]
     assert resumed - settled >= 9  # at least three ticks fell due in there
     assert during == [], f"ticks due while suspended were fired at the resume: {during}"
     status = get(plane, ns, "schedule", "every-3s").get("status") or {}

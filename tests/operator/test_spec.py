@@ -56,7 +56,8 @@ def test_prefetched_leases_count_toward_the_replicas_in_flight_work_occupies():
     ({**MINIMAL, "scaling": {"minReplicas": 3, "maxReplicas": 2}}, "q", "minReplicas must be less"),
     ({**MINIMAL, "lockTimeoutSeconds": 5, "lockRefreshSeconds": 5}, "q", "lockRefreshSeconds must be less"),
     ({**MINIMAL, "maxActive": "lots"}, "q", "spec.maxActive: must be an integer"),
-    ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "prefetch": -1}}, "q", r"spec.worker.prefetch: must be >= 0"),
+    ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "prefetch": -1}}, "q",
+     r"spec.worker.prefetch: must be >= 0"),
     (MINIMAL, "x" * (MAX_QUEUE_NAME + 1), "at most 63 characters"),
     # the core-typed fields of issue 39, as a local run (YAML that never met the API server) reads them
     ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "imagePullPolicy": "Sometimes"}}, "q",

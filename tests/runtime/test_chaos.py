@@ -342,7 +342,7 @@ class Chaos:
             t0 = time.time()
             try:
                 client.ping()
-            except Exception:  # noqa: BLE001 - Redis is down: a redis-kill fault covers it
+            except Exception:  # Redis is down: a redis-kill fault covers it
                 continue
             took = time.time() - t0
             self.slowest_ping = max(self.slowest_ping, took)
@@ -706,9 +706,9 @@ async def test_chaos_seeded_faults_lose_nothing_and_accept_no_stale_ack(make_red
     late_starts = [(k, v) for k, v in runs.items() if v["start"] > v["deadline"] + 0.05]
     same_pid_overlaps = 0
     by_task: dict[str, list[dict]] = defaultdict(list)
-    for (tid, attempt), run in runs.items():
+    for (tid, _attempt), run in runs.items():
         by_task[tid].append(run)
-    for tid, task_runs in by_task.items():
+    for task_runs in by_task.values():
         for a in task_runs:
             for b in task_runs:
                 if a is not b and a["pid"] == b["pid"] and a["start"] < b["start"] < (a["end"] or float("inf")):

@@ -106,7 +106,7 @@ class QueueMachine(RuleBasedStateMachine):
         t = self.model.tasks[expected]
         t.state, t.token, t.expired = "active", lease.token, False
         t.attempt += 1
-        assert lease.token not in {l.token for l in self.leases}  # unique per attempt
+        assert lease.token not in {held.token for held in self.leases}  # unique per attempt
         assert (lease.attempt, lease.handler_failure_count, lease.stalled_attempt_count) == (t.attempt, t.hfc, t.sac)
         self.leases.append(lease)
 

@@ -59,10 +59,11 @@ async def test_sigkill_mid_handler_loses_nothing(redis_url, redis_server, tmp_pa
     for tid in ids:
         await q.offer("work", {"sleep": 0.3}, task_id=tid)
     a = WorkerProcess(redis_url, "kill", tmp_path, args=FAST, name="a")
-    a.wait_for_effect(lambda lines: sum(1 for l in lines if l[0] == "start") >= 4)
+    a.wait_for_effect(lambda lines: sum(1 for line in lines if line[0] == "start") >= 4)
     a.signal(signal.SIGKILL)
     a.proc.wait()
-    killed = {l[1] for l in a.effect_lines() if l[0] == "start"} - {l[1] for l in a.effect_lines() if l[0] == "done"}
+    started = {line[1] for line in a.effect_lines() if line[0] == "start"}
+    killed = started - {line[1] for line in a.effect_lines() if line[0] == "done"}
     assert killed, "the kill should have caught attempts mid-handler"
     b = WorkerProcess(redis_url, "kill", tmp_path, args=FAST, name="b")
     try:
@@ -80,7 +81,7 @@ async def test_sigstopped_worker_cannot_ack_after_resuming(redis_url, tmp_path):
     q = effectmq.TaskQueue("stop", url=redis_url)
     await q.offer("work", {"sleep": 1.0}, task_id="s")
     a = WorkerProcess(redis_url, "stop", tmp_path, args=FAST, name="a")
-    a.wait_for_effect(lambda lines: any(l[0] == "start" for l in lines))
+    a.wait_for_effect(lambda lines: any(line[0] == "start" for line in lines))
     a.signal(signal.SIGSTOP)
     b = WorkerProcess(redis_url, "stop", tmp_path, args=FAST, name="b")
     try:
@@ -106,7 +107,7 @@ async def test_redis_restart_with_aof_mid_run(make_redis, tmp_path):
     try:
         for tid in ids[:100]:
             await offer_retrying(q, tid, {"sleep": 0.02})
-        worker.wait_for_effect(lambda lines: sum(1 for l in lines if l[0] == "done") >= 20)
+        worker.wait_for_effect(lambda lines: sum(1 for line in lines if line[0] == "done") >= 20)
         server.restart()
         for tid in ids[100:]:
             await offer_retrying(q, tid, {"sleep": 0.02})
@@ -115,7 +116,7 @@ async def test_redis_restart_with_aof_mid_run(make_redis, tmp_path):
         worker.stop()
     assert all(i.state == "completed" for i in infos), Counter(i.state for i in infos)
     assert_exactly_one_terminal_state(server.client(), "aof", ids)
-    done = Counter(l[1] for l in worker.effect_lines() if l[0] == "done")
+    done = Counter(line[1] for line in worker.effect_lines() if line[0] == "done")
     assert set(done) == set(ids)  # at least once each; repeats only around the restart
     await q.close()
 
@@ -125,7 +126,7 @@ async def test_sigterm_drains_and_releases(redis_url, tmp_path):
     await q.offer("work", {"sleep": 60}, task_id="long")
     await q.offer("work", {"sleep": 0.3}, task_id="short")
     w = WorkerProcess(redis_url, "drain", tmp_path, args=[*FAST, "--drain-timeout", "1.5"], name="w")
-    w.wait_for_effect(lambda lines: sum(1 for l in lines if l[0] == "start") == 2)
+    w.wait_for_effect(lambda lines: sum(1 for line in lines if line[0] == "start") == 2)
     w.signal(signal.SIGTERM)
     assert w.proc.wait(15) == 0
     short, long = await q.get("short"), await q.get("long")
@@ -154,7 +155,7 @@ async def test_worker_with_skewed_clock_keeps_ownership(redis_url, tmp_path, ske
         result = await q.wait("sk", timeout=20)
     finally:
         w.stop()
-    start = next((l for l in w.effect_lines() if l[0] == "start"), None)
+    start = next((line for line in w.effect_lines() if line[0] == "start"), None)
     assert start, f"no start recorded: {w.effect_lines()} {w.log()[-3000:]}"
     offset = float(start[4]) - time.time()
     assert abs(abs(offset) - 3600) < 60, f"the worker's clock was not skewed ({offset:.0f}s)"

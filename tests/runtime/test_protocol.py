@@ -111,7 +111,7 @@ def test_every_script_has_its_arguments_and_reply_classes():
     for operation, args in SCRIPTS.items():
         assert args.operation == operation
         assert dataclasses.is_dataclass(args) and dataclasses.is_dataclass(args.Reply)
-        assert callable(getattr(args.Reply, "from_reply"))
+        assert callable(args.Reply.from_reply)
 
 
 @pytest.mark.parametrize("operation", sorted(SCRIPTS))
@@ -263,7 +263,8 @@ def test_replies_parse_into_named_fields():
     assert (reply.status, reply.granted, reply.next_due_in) == (AcquireStatus.LIMITED, 1.0, None)
     assert (reply.ready, reply.due, reply.outcomes) == ((b"t2",), (), (Outcome.COMPLETED, Outcome.LOST))
     assert reply.leases[0].values["token"] == "tok:1"
-    assert protocol.MaintainArgs(1, 1, "", -1, "").parse([1, 2, 3, 4, 5, 1]) == protocol.MaintainReply(1, 2, 3, 4, 5, True)
+    maintained = protocol.MaintainArgs(1, 1, "", -1, "").parse([1, 2, 3, 4, 5, 1])
+    assert maintained == protocol.MaintainReply(1, 2, 3, 4, 5, True)
     assert protocol.FailArgs("t", "k", "{}", -1, 3, -1).parse([3, 1, -1]).outcome is Outcome.FAILED
     assert protocol.CancelArgs("t", "{}", -1).parse("").previous_state is None
 

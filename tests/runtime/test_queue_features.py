@@ -92,7 +92,7 @@ async def test_delayed_tasks_become_ready_by_redis_time(queue):
     await queue.offer("x", "later", task_id="d", delay=0.3)
     await queue.offer("x", "now", task_id="n")
     leases, next_due = await queue.acquire_many(5)
-    assert [l.task_id for l in leases] == ["n"] and 0 < next_due <= 0.3
+    assert [lease.task_id for lease in leases] == ["n"] and 0 < next_due <= 0.3
     assert (await queue.get("d")).state == "delayed"
     await asyncio.sleep(0.35)
     lease = await queue.acquire()

@@ -229,7 +229,7 @@ async def test_a_master_killed_mid_run_every_accepted_task_ends_in_one_terminal_
                     after[item.task_id] = q
                 except RedisUnavailable:
                     pass
-                except Exception as exc:  # noqa: BLE001 - what this test looks for
+                except Exception as exc:  # what this test looks for
                     raw.append(exc)
             await asyncio.sleep(0.05)
         redis_cluster.wait_for_failover(replica)
@@ -279,7 +279,7 @@ async def _why_not_drained(queues, workers, victims) -> str:
 def _promoted(replica) -> bool:
     try:
         return replica.client().info("replication")["role"] == "master"
-    except Exception:  # noqa: BLE001 - not up yet
+    except Exception:  # not up yet
         return False
 
 
@@ -418,7 +418,8 @@ async def test_a_stale_library_is_unloaded_from_every_master(redis_cluster):
     stale = "effectmq_00000000000000aa"
     masters = redis_cluster.masters()
     for node in masters:
-        node.client().function_load(f"#!lua name={stale}\nredis.register_function('{stale}_noop', function() return 1 end)\n")
+        node.client().function_load(
+            f"#!lua name={stale}\nredis.register_function('{stale}_noop', function() return 1 end)\n")
     async with effectmq.TaskQueue(QUEUES[2], url=redis_cluster.url()) as q:
         await q.redis.hset(scripts.LIBRARIES_KEY, stale, "0")  # loaded last at the epoch
         await q.offer("work", {})  # this version's library is loaded: the stale one goes

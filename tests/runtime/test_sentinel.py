@@ -248,7 +248,8 @@ async def test_a_demoted_primary_answering_readonly_is_left_for_the_promoted_one
         offered = await q.offer("work", {"n": 2}, task_id="after")  # READONLY -> ConnectionError -> resent
         assert offered.created
         # it did answer READONLY (6.2 counts a script's READONLY as the ERR that wraps it)
-        assert ("errorstat_READONLY" if server_version() >= (7, 0) else "errorstat_ERR") in old.client().info("errorstats")
+        errorstat = "errorstat_READONLY" if server_version() >= (7, 0) else "errorstat_ERR"
+        assert errorstat in old.client().info("errorstats")
         assert pool.master_address == ("127.0.0.1", new.port)
         assert new.client().exists(q.keys.task("after")) == 1
         lease = await q.acquire()

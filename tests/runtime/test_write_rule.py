@@ -329,8 +329,9 @@ async def inject_everywhere(raw, base: bytes, inj: Injector, operation: str, act
         if k <= first.first_write:
             try:
                 await act()
-            except Exception:  # noqa: BLE001 - any refusal: what matters is what it left
-                assert await snapshot(raw) == before, f"{operation}: step {k} ({first.steps[k - 1]}) failed after a write"
+            except Exception:  # any refusal: what matters is what it left
+                assert await snapshot(raw) == before, (
+                    f"{operation}: step {k} ({first.steps[k - 1]}) failed after a write")
                 inj.set(None)
                 assert await act() == clean, f"{operation}: the call sent again after step {k} failed"
             else:  # a step the script guards (a decode under pcall): it settles all the same
@@ -427,7 +428,7 @@ async def test_the_schedulers_scripts_keep_the_rule(redis_url, operation):
         assert first.first_write <= len(first.steps), first.steps
         for k in range(1, first.first_write + 1):
             await restore(raw, saved)
-            with pytest.raises(Exception):
+            with pytest.raises(effectmq.RedisRefused, match="injected fault"):
                 await traced(fail_at=k)
             assert await snapshot(raw) == before, f"{operation}: step {k} ({first.steps[k - 1]})"
             assert await plain() == clean
@@ -462,7 +463,7 @@ async def test_a_write_planted_before_a_check_is_caught(redis_url, injector):
         after_write = int(call.violations()[0].split()[1])
         await restore(raw, saved)
         injector.set("fail", fail_at=after_write)
-        with pytest.raises(Exception):
+        with pytest.raises(effectmq.RedisRefused, match="injected fault"):
             await act()
         with pytest.raises(AssertionError, match="state 'active' but in indexes \\[\\]"):
             await queue_invariants(raw, base)

@@ -123,7 +123,7 @@ class SchedulerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-                raise AssertionError(f"{self.name} did not stop within {timeout}s:\n{self.text()[-3000:]}")
+                raise AssertionError(f"{self.name} did not stop within {timeout}s:\n{self.text()[-3000:]}") from None
         return self.proc.returncode
 
 

@@ -212,7 +212,8 @@ class DeploymentWorker:
         env.update(overrides or {})
         env["EFFECTMQ_METRICS_PORT"] = str(free_port())  # several "pods" share this host
         full_env = {**os.environ, **env,
-                    "PYTHONPATH": os.pathsep.join([str(ROOT / "examples"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+                    "PYTHONPATH": os.pathsep.join([str(ROOT / "examples"), str(ROOT),
+                                                   os.environ.get("PYTHONPATH", "")])}
         self.log_path = log_dir / f"{pod_name}.log"
         self.proc = subprocess.Popen(argv, env=full_env, cwd=ROOT, stdout=open(self.log_path, "ab"),
                                      stderr=subprocess.STDOUT)

@@ -35,7 +35,8 @@ class Adapter(Base):
     def worker_command(self, slot: int) -> list[str]:
         return [sys.executable, "-m", "effectmq", "worker", "bench.peers.adapters.effectmq:app",
                 "--queue", self.s.queue, "--url", self.s.url, "--concurrency", str(self.s.concurrency),
-                "--log-level", "WARNING", *(["--prefetch", str(S.options["prefetch"])] if "prefetch" in S.options else []),
+                "--log-level", "WARNING",
+                *(["--prefetch", str(S.options["prefetch"])] if "prefetch" in S.options else []),
                 *(["--loop", S.options["loop"]] if "loop" in S.options else [])]
 
     async def setup(self) -> None:

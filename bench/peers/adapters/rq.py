@@ -64,5 +64,6 @@ class Adapter(Base):
 
     def options_summary(self) -> dict:
         pool = S.options.get("pool", True)
-        return {"worker_pool_size": self.s.concurrency if pool else None, "in_flight_per_process": self.s.concurrency if pool else 1,
+        return {"worker_pool_size": self.s.concurrency if pool else None,
+                "in_flight_per_process": self.s.concurrency if pool else 1,
                 "result_ttl": 0, "worker_class": S.options.get("worker_class", "rq.Worker (fork per job)")}
