@@ -349,9 +349,12 @@ class DashboardService:
                  for s in await self.scheduler(namespace).list(limit=1000)]
         return [s for s in shown if (queue is None or s["queue"] == queue) and self._shows_schedule_of(s["queue"])]
 
-    async def set_suspended(self, schedule_id: str, suspend: bool) -> views.ActionResult:
+    async def set_suspended(self, schedule_id: str, suspend: bool, namespace: str | None = None) -> views.ActionResult:
+        """Suspend or resume a schedule; `namespace` picks one scheduler namespace when
+        several hold the id (the page's buttons name the row's)."""
         held = []
-        for namespace in await self.scheduler_namespaces():
+        shown = await self.scheduler_namespaces()
+        for namespace in [n for n in shown if namespace is None or n == namespace]:
             status = await self.scheduler(namespace).status(schedule_id)
             if status is not None and self._shows_schedule_of(status.spec.queue if status.spec else None):
                 held.append((namespace, status))
@@ -359,8 +362,8 @@ class DashboardService:
             return views.ActionResult(404, f"no schedule {schedule_id!r}")
         if len(held) > 1:
             return views.ActionResult(409, f"schedule {schedule_id!r} is in scheduler namespaces "
-                                           f"{', '.join(n for n, _ in held)}: start the dashboard with "
-                                           "--scheduler-namespace to act on it")
+                                           f"{', '.join(n for n, _ in held)}: say which with ?namespace=<name> "
+                                           "(or start the dashboard with --scheduler-namespace)")
         namespace, status = held[0]
         if status.spec is None:
             return views.ActionResult(409, f"schedule {schedule_id!r} has an unreadable definition")

@@ -268,6 +268,12 @@ def _t(request: web.Request) -> str:
     return request.match_info["task_id"]
 
 
+def _ns(request: web.Request) -> str | None:
+    """The scheduler namespace an action names (?namespace=), if any: it only narrows the
+    namespaces the dashboard shows, so an unknown one finds nothing."""
+    return request.query.get("namespace") or None
+
+
 # -- signing in ------------------------------------------------------------------------
 
 async def login_form(request: web.Request) -> web.Response:
@@ -366,9 +372,9 @@ def create_app(config: DashboardConfig) -> web.Application:
     r.add_post("/api/queues/{queue}/pause", action(lambda s, rq: s.set_paused(_q(rq), True)))
     r.add_post("/api/queues/{queue}/resume", action(lambda s, rq: s.set_paused(_q(rq), False)))
     r.add_post("/api/schedules/{schedule_id}/suspend",
-               action(lambda s, rq: s.set_suspended(rq.match_info["schedule_id"], True)))
+               action(lambda s, rq: s.set_suspended(rq.match_info["schedule_id"], True, _ns(rq))))
     r.add_post("/api/schedules/{schedule_id}/resume",
-               action(lambda s, rq: s.set_suspended(rq.match_info["schedule_id"], False)))
+               action(lambda s, rq: s.set_suspended(rq.match_info["schedule_id"], False, _ns(rq))))
     r.add_get("/login", login_form)
     r.add_post("/login", login)
     r.add_post("/logout", logout)

@@ -222,7 +222,17 @@ async def test_the_schedules_of_every_scheduler_namespace_are_shown(tmp_path, re
         async with Scheduler(redis_url, namespace=OPERATOR_NAMESPACE) as scheduler:
             assert (await scheduler.status("shop/nightly")).suspended
         status, body = post("/api/schedules/by-hand/suspend")  # which one? it does not guess
-        assert status == 409 and "--scheduler-namespace" in body, body
+        assert status == 409 and "?namespace=" in body, body
+        status, body = post("/api/schedules/by-hand/suspend?namespace=other")  # as the page's button asks
+        assert status == 200, body
+        async with Scheduler(redis_url, namespace="other") as scheduler:
+            assert (await scheduler.status("by-hand")).suspended
+        async with Scheduler(redis_url, namespace="default") as scheduler:
+            assert not (await scheduler.status("by-hand")).suspended
+        status, body = post("/api/schedules/by-hand/suspend?namespace=nowhere")
+        assert status == 404, body
+        status, page = get(dash.base + "/schedules")
+        assert status == 200 and "<th>namespace</th>" in page and '<td class="muted">other</td>' in page, page
     finally:
         assert stop_process(dash.proc) == 0, dash.log()
     only = Dashboard(tmp_path, "--url", redis_url, "--scheduler-namespace", "k8s")

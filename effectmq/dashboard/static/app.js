@@ -266,19 +266,20 @@
       const state = s.last_error
         ? [h("span", { class: "state s-failed", text: "error" }), " ", h("span", { class: "message", text: s.last_error })]
         : h("span", { class: s.suspended ? "state s-delayed" : "state s-completed", text: s.suspended ? "suspended" : "running" });
-      const cells = [h("td", { class: "id", text: s.id }),
+      const cells = [h("td", { class: "id", text: s.id }), h("td", { class: "muted", text: s.namespace || "" }),
         h("td", {}, s.queue ? h("a", { href: `/queues/${enc(s.queue)}`, text: s.queue }) : "-"),
         h("td", { text: s.task || "-" }),
         h("td", {}, h("code", { text: s.cron || "?" }), " ", h("span", { class: "muted", text: s.timezone || "" })),
         h("td", { class: "time", text: when(s.next_tick) }), h("td", { class: "time", text: when(s.last_tick) }),
         h("td", { class: "num", text: s.materialized }), h("td", {}, state)];
       if (CAN_ACT) {
-        const url = `/api/schedules/${enc(s.id)}/${s.suspended ? "resume" : "suspend"}`;
+        const url = `/api/schedules/${enc(s.id)}/${s.suspended ? "resume" : "suspend"}` +
+          (s.namespace ? `?namespace=${enc(s.namespace)}` : "");
         cells.push(h("td", { class: "row-actions" }, actionButton(s.suspended ? "Resume" : "Suspend", url)));
       }
       return h("tr", { "data-schedule": s.id }, cells);
     });
-    tbody.replaceChildren(...(rows.length ? rows : [h("tr", { class: "empty" }, h("td", { colspan: 9, text: "No schedules." }))]));
+    tbody.replaceChildren(...(rows.length ? rows : [h("tr", { class: "empty" }, h("td", { colspan: 10, text: "No schedules." }))]));
   }
 
   const RENDER = {
