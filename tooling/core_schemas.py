@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tooling.generated, and the test control plane's fixture
 CRDS = (ROOT / "crds/queue.yaml", ROOT / "charts/effectmq/crds/queue.yaml")
 OPENAPI_PATH = "/openapi/v3/api/v1"
 SCHEMAS = "#/components/schemas/"
@@ -229,7 +230,6 @@ def from_kubeconfig(kubeconfig: str | None) -> dict[str, Any]:
 
 def from_test_control_plane() -> dict[str, Any]:
     """Start the test control plane (the pinned release, from the build cache) to read it."""
-    sys.path.insert(0, str(ROOT))
     os.environ.pop("CI", None)  # a missing build is reported, not failed as a test would
     import pytest
 
@@ -273,8 +273,7 @@ def _styled(value: Any) -> Any:
 def _description(text: str) -> Any:
     from ruamel.yaml.scalarstring import LiteralScalarString
 
-    sys.path.insert(0, str(ROOT / "tooling"))
-    from sync_settings import folded
+    from tooling.generated import folded
 
     if "\n" in text:
         return LiteralScalarString(text)
@@ -282,15 +281,10 @@ def _description(text: str) -> Any:
 
 
 def write(openapi: dict[str, Any]) -> None:
-    try:
-        from ruamel.yaml import YAML
-    except ImportError:
-        sys.exit("needs ruamel.yaml: pip install ruamel.yaml")
+    from tooling.generated import round_trip_yaml
+
     want = expected(openapi)
-    yaml = YAML()
-    yaml.preserve_quotes = True
-    yaml.width = 4096
-    yaml.indent(mapping=2, sequence=4, offset=2)
+    yaml = round_trip_yaml()
     for path in CRDS:
         docs = list(yaml.load_all(path.read_text()))
         spec = spec_schema(docs[0])
@@ -333,15 +327,9 @@ def main() -> int:
         openapi = from_kubeconfig(args.kubeconfig)
     else:
         openapi = from_test_control_plane()
-    if args.check:
-        problems = check(openapi)
-        for line in problems:
-            print(line)
-        if problems:
-            print("run: python tooling/core_schemas.py")
-        return 1 if problems else 0
-    write(openapi)
-    return 0
+    from tooling.generated import check_or_write
+
+    return check_or_write(args.check, lambda: check(openapi), lambda: write(openapi), "python tooling/core_schemas.py")
 
 
 if __name__ == "__main__":

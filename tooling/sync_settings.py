@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from effectmq import settings  # noqa: E402
+from tooling.generated import check_or_write, folded, round_trip_yaml  # noqa: E402
 from effectmq.settings import Kind, Setting  # noqa: E402
 
 CRDS = (ROOT / "crds/queue.yaml", ROOT / "charts/effectmq/crds/queue.yaml")
@@ -123,33 +124,8 @@ def render_doc() -> str:
     return "\n".join(lines)
 
 
-def folded(text: str, width: int = 80) -> Any:
-    """A long description as the CRD writes them by hand: `>-`, wrapped."""
-    from ruamel.yaml.scalarstring import FoldedScalarString
-
-    if len(text) <= width:
-        return text
-    out = FoldedScalarString(text)
-    breaks, line_start = [], 0
-    for i, char in enumerate(text):
-        if char == " " and i - line_start > width:
-            last = text.rfind(" ", line_start, i)
-            at = last if last > line_start else i
-            breaks.append(at)
-            line_start = at + 1
-    out.fold_pos = breaks  # type: ignore[attr-defined]
-    return out
-
-
 def write() -> None:
-    try:
-        from ruamel.yaml import YAML
-    except ImportError:
-        sys.exit("needs ruamel.yaml: pip install ruamel.yaml")
-    yaml = YAML()
-    yaml.preserve_quotes = True
-    yaml.width = 4096
-    yaml.indent(mapping=2, sequence=4, offset=2)
+    yaml = round_trip_yaml()
     for path in CRDS:
         docs = list(yaml.load_all(path.read_text()))
         spec = spec_schema(docs[0])
@@ -190,15 +166,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only report differences (exit 1 if any)")
     args = parser.parse_args()
-    if args.check:
-        problems = check()
-        for line in problems:
-            print(line)
-        if problems:
-            print("run: python tooling/sync_settings.py")
-        return 1 if problems else 0
-    write()
-    return 0
+    return check_or_write(args.check, check, write, "python tooling/sync_settings.py")
 
 
 if __name__ == "__main__":
