@@ -18,6 +18,7 @@ import signal
 import sys
 from typing import Any, AsyncIterator, Callable
 
+from . import settings
 from .app import App
 from .clitools import (CAST_KINDS, FAILED, PROG, UNAVAILABLE, URL_HELP, USAGE, BadSetting, CommandError, Parser,
                        choice, deprecated, emit, env, log_level_option, port_or_off, say, setup_logging)
@@ -291,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="module:attr of an effectmq.App, a dict of handlers, or a function without arguments "
                    "that returns one [EFFECTMQ_HANDLERS]")
     _queue_args(w, json_help="write the log as JSON objects, one a line (time, level, logger, message)")
-    w.add_argument("--concurrency", "-c", type=int, default=env("EFFECTMQ_CONCURRENCY", 10, int),
+    w.add_argument("--concurrency", "-c", type=int,
+                   default=env("EFFECTMQ_CONCURRENCY", settings.default("concurrency"), int),
                    help="attempts in flight per process [EFFECTMQ_CONCURRENCY]")
     w.add_argument("--prefetch", type=prefetch_setting, default=env("EFFECTMQ_PREFETCH", None, prefetch_setting),
                    help="leases held ahead per process, started as handlers return: auto (the default: as many "

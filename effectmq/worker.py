@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping
 
-from . import codec, heartbeat, maintenance, metrics, protocol
+from . import codec, heartbeat, maintenance, metrics, protocol, settings
 from .lease_keeper import LeaseKeeper
 from .prefetch import Prefetch
 from .acks import CompletionBatcher
@@ -159,8 +159,8 @@ class _TakeAlong:
 
 class Worker:
     def __init__(self, queue_or_app: TaskQueue | App, handlers: App | Mapping[str, Any] | None = None, *,
-                 concurrency: int = 10, prefetch: int | None = None, lock_timeout: float | None = None,
-                 lock_refresh: float | None = None,
+                 concurrency: int = settings.default("concurrency"), prefetch: int | None = None,
+                 lock_timeout: float | None = None, lock_refresh: float | None = None,
                  drain_timeout: float = 30.0, maintenance_interval: float = 5.0, maintenance_batch: int = 100,
                  idle_poll: float = 5.0, metrics_port: int | None = None, install_signal_handlers: bool = True,
                  name: str | None = None, loop_block_warning: float | None = 1.0):

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from effectmq import TaskQueue, errors, settings
+from effectmq import TaskQueue, Worker, errors, settings
 from effectmq.settings import STORED, Kind
 from tests.support.processes import ROOT
 
@@ -28,6 +28,7 @@ def test_taskqueue_defaults_are_the_tables():
     signature = inspect.signature(TaskQueue.__init__).parameters
     for name in ("lock_timeout", "max_retries", "max_stalled_count", "retention_completed", "retention_failed"):
         assert signature[name].default == settings.default(name), name
+    assert inspect.signature(Worker.__init__).parameters["concurrency"].default == settings.default("concurrency")
 
 
 def test_every_stored_setting_has_one_meta_field_and_bounds():
