@@ -1,6 +1,7 @@
 """A rolling upgrade: this version beside an older one, on one queue of one real Redis.
 
-The older version is OLD_VERSION's effectmq/, taken out of this repository's history with
+The older version is OLD_VERSION's effectmq/ (and its operator package, whose subcommand its
+`effectmq` command loads), taken out of this repository's history with
 `git archive` (a clone has it). Its processes import it first (PYTHONPATH, and
 PYTHONSAFEPATH so that `python -m` does not put this checkout first) and run this
 checkout's test handlers (tests/support/chaos_handlers.py, whose results name the attempt,
@@ -83,7 +84,10 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 @pytest.fixture(scope="module")
 def old_tree(tmp_path_factory):
     git = require_binary("git", "git takes the older version out of this repository's history")
-    archive = subprocess.run([git, "-C", str(ROOT), "archive", OLD_VERSION, "effectmq"], capture_output=True)
+    # its operator package too: the older `effectmq` command loads effectmq_operator's
+    # subcommand, which must be of its own version (this checkout's is installed too)
+    archive = subprocess.run([git, "-C", str(ROOT), "archive", OLD_VERSION, "effectmq", "operator/effectmq_operator"],
+                             capture_output=True)
     if archive.returncode != 0:
         message = f"git archive {OLD_VERSION} failed (a checkout without history?): {archive.stderr.decode()}"
         if IN_CI:
@@ -97,7 +101,8 @@ def old_tree(tmp_path_factory):
 
 def versions(old_tree) -> tuple[dict[str, dict], dict[str, str]]:
     """Each version's environment for a process of it, and where its effectmq is."""
-    envs = {"old": {"PYTHONPATH": os.pathsep.join([str(old_tree), str(ROOT)]), "PYTHONSAFEPATH": "1"},
+    envs = {"old": {"PYTHONPATH": os.pathsep.join([str(old_tree), str(old_tree / "operator"), str(ROOT)]),
+                    "PYTHONSAFEPATH": "1"},
             "new": {"PYTHONPATH": str(ROOT)}}
     return envs, {"old": str(old_tree), "new": str(ROOT / "effectmq")}
 
