@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -47,6 +48,11 @@ def test_a_namespace_a_live_node_uses_is_never_taken(network):
     network.create()
     holder = subprocess.Popen(network.inside(["sleep", "60"]))
     try:
+        # nsenter enters the namespace some time after Popen returns (long on a loaded machine)
+        deadline = time.monotonic() + 30
+        while not network.processes_inside():
+            assert holder.poll() is None and time.monotonic() < deadline, "the holder never entered the namespace"
+            time.sleep(0.05)
         with pytest.raises(RuntimeError, match="another cluster is up"):
             network.create()
         assert holder.poll() is None
