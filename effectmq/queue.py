@@ -17,8 +17,9 @@ import uuid
 from typing import Any, AsyncIterator, Iterable, Sequence
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
-from . import codec, models, protocol, retry as retry_policies
+from . import codec, models, protocol, redispy, retry as retry_policies
 from .checks import check_number
 from .connection import OwnsConnection, RedisErrors, connect
 from .engine import Lease, LeaseEngine, WakeSignal
@@ -28,7 +29,7 @@ from .models import MaintenanceReport, Offered, QueueStats, TaskInfo, Throughput
 from .protocol import (MAX_ACQUIRE, MAX_COUNT, MAX_DELAY, MAX_DURATION, MAX_LIST,
                        MAX_MAINTAIN_BATCH, MAX_PROMOTE_BATCH, ms, retention_ms)
 from .clock import server_time_ms
-from .routing import script_runner, subscriber
+from .routing import patience, script_runner, subscriber
 from .settings import META_FIELDS, STORED, Kind, default
 
 # Importers (scheduler, tests) read these names here.
@@ -433,12 +434,18 @@ class TaskQueue(OwnsConnection):
         first with plain commands, bounded by Redis time (at most `batch` per index);
         the script checks each again. Nothing due: no script call at all."""
         check_number("batch", batch, minimum=1, integer=True, allow_none=False, maximum=MAX_MAINTAIN_BATCH)
-        with self._redis_errors:
+        async def read_due() -> list:
             now = await server_time_ms(self.redis, self.keys.base)
             async with self.redis.pipeline(transaction=False) as pipe:  # the due ids; of OWN_SWEEPS, whether any
                 for index, most in [(i, batch) for i in TASK_SWEEPS] + [(i, 1) for i in OWN_SWEEPS]:
                     pipe.zrange(self.keys.key(index), "-inf", now, byscore=True, offset=0, num=most)
-                due = await pipe.execute()
+                return await pipe.execute()
+
+        with self._redis_errors:
+            if isinstance(self.redis, RedisCluster):
+                due = await redispy.riding_out_a_move(read_due, patience(self.redis, ()))
+            else:
+                due = await read_due()
             if not any(due):
                 return MaintenanceReport(0, 0, 0, 0, 0, False)
             candidates = [task_id for ids in due[:len(TASK_SWEEPS)] for task_id in ids]

@@ -8,11 +8,15 @@ the suite on. A new redis-py major is checked here first.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import time
+from typing import Any, Awaitable, Callable, TypeVar
 
 import redis.exceptions as redis_errors
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
+
+T = TypeVar("T")
+MOVE_RETRY = 0.05  # seconds between tries of a read that redis-py gave up on while a slot moved
 
 
 async def reread_slot_map(client: RedisCluster) -> None:
@@ -68,3 +72,19 @@ def node_for_key(client: RedisCluster, key: str) -> ClusterNode:
     map, a seed node."""
     owners = client.nodes_manager.slots_cache.get(key_slot(client.encoder.encode(key)))
     return owners[0] if owners else next(iter(client.nodes_manager.startup_nodes.values()))
+
+
+async def riding_out_a_move(read: Callable[[], Awaitable[T]], patience: float) -> T:
+    """`read()` (plain commands on a cluster client), tried again for up to `patience`
+    seconds while redis-py gives up with ClusterError("TTL exhausted."): it follows 16
+    redirections without pausing, and between the two SETSLOT NODE calls of a slot move
+    the source answers ASK and the target MOVED, back and forth (seen on 5.3.1 in
+    test_cluster_reshard; the script runner waits such a window out itself, routing.py)."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return await read()
+        except redis_errors.ClusterError as exc:
+            if "TTL exhausted" not in str(exc) or time.monotonic() + MOVE_RETRY > deadline:
+                raise
+        await asyncio.sleep(MOVE_RETRY)
