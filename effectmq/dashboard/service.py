@@ -13,6 +13,8 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
 from redis.asyncio.cluster import RedisCluster
 
 from .. import protocol
@@ -33,6 +35,43 @@ SOCKET_TIMEOUT = 3.0  # a page waits at most this long for a Redis that stopped 
 MAX_CONNECTIONS = 32  # to Redis; more requests at once wait for a free one (up to SOCKET_TIMEOUT)
 RETRY_ALL_LIMIT = 1000  # dead letters retried by one "retry all"
 
+
+class _Scan:
+    """A SCAN's answer, kept for `interval` seconds, and at most one SCAN at a time: every
+    caller that wants one meanwhile waits for the one under way (single flight), and a
+    caller that goes away (its client hung up) does not cancel it for the others."""
+
+    def __init__(self, scan: Callable[[], Awaitable[list[str]]], interval: float):
+        self._scan = scan
+        self._interval = interval
+        self._last: tuple[float, list[str]] | None = None  # (when, names) of the last SCAN
+        self._flight: asyncio.Future | None = None
+
+    async def names(self) -> list[str]:
+        last = self._last
+        if last is not None and time.monotonic() - last[0] < self._interval:
+            return last[1]
+        if self._flight is None:
+            self._flight = flight = asyncio.ensure_future(self._run())
+            flight.add_done_callback(self._done)
+        return await asyncio.shield(self._flight)
+
+    async def _run(self) -> list[str]:
+        names = await self._scan()
+        self._last = (time.monotonic(), names)
+        return names
+
+    def _done(self, flight: asyncio.Future) -> None:
+        if self._flight is flight:
+            self._flight = None
+        if not flight.cancelled():
+            flight.exception()  # retrieved: a failure is each waiter's to report
+
+    async def cancel(self) -> None:
+        if self._flight is not None:
+            self._flight.cancel()
+            with contextlib.suppress(BaseException):
+                await self._flight
 
 class UnknownQueue(EffectMQError, LookupError):
     """A queue this dashboard does not show (not given with --queue, or not found)."""
@@ -77,12 +116,10 @@ class DashboardService:
         self.redis, self._owns_client, self.shown_url = connect(None, config.url, socket_timeout=SOCKET_TIMEOUT,
                                                                 max_connections=config.max_connections)
         self._queues: dict[str, TaskQueue] = {}
-        self._discovered: tuple[float, list[str]] | None = None  # (when, names) of the last SCAN
-        self._found: set[str] = set()  # queues seen to exist since (a page named them)
-        self._discovery: asyncio.Future | None = None  # the SCAN under way: every caller waits for it
+        self._found: set[str] = set()  # queues seen to exist since the last SCAN (a page named them)
+        self._queue_scan = _Scan(self._scan_queues, config.discovery_interval)
         self._schedulers: dict[str, Scheduler] = {}
-        self._namespaces_found: tuple[float, list[str]] | None = None  # (when, names) of the last SCAN for them
-        self._namespace_discovery: asyncio.Future | None = None  # as _discovery, for scheduler namespaces
+        self._namespace_scan = _Scan(self._scan_namespaces, config.discovery_interval)
         self._events_task: asyncio.Task | None = None
         self._closing = asyncio.Event()
         self._redis_errors = RedisErrors(self.redis, f"at {self.shown_url} (dashboard)")
@@ -99,11 +136,8 @@ class DashboardService:
             self._events_task.cancel()  # may be taken for a lost connection: the loop ends on _closing too
             with contextlib.suppress(asyncio.CancelledError):
                 await self._events_task
-        for flight in (self._discovery, self._namespace_discovery):
-            if flight is not None:
-                flight.cancel()
-                with contextlib.suppress(BaseException):
-                    await flight
+        for scan in (self._queue_scan, self._namespace_scan):
+            await scan.cancel()
         if self._owns_client:
             await self.redis.aclose()
 
@@ -137,31 +171,12 @@ class DashboardService:
         to exist since."""
         if self.config.queues:
             return list(self.config.queues)
-        last = self._discovered
-        if last is None or time.monotonic() - last[0] >= self.config.discovery_interval:
-            names = await self._discover()
-        else:
-            names = last[1]
+        names = await self._queue_scan.names()
         return sorted(set(names) | self._found)
 
-    async def _discover(self) -> list[str]:
-        """One SCAN for every caller that wants one meanwhile (single flight); a caller that
-        goes away (its client hung up) does not cancel it for the others."""
-        if self._discovery is None:
-            self._discovery = asyncio.ensure_future(self._scan())
-            self._discovery.add_done_callback(self._discovery_done)
-        return await asyncio.shield(self._discovery)
-
-    def _discovery_done(self, flight: asyncio.Future) -> None:
-        if self._discovery is flight:
-            self._discovery = None
-        if not flight.cancelled():
-            flight.exception()  # retrieved: a failure is each waiter's to report
-
-    async def _scan(self) -> list[str]:
+    async def _scan_queues(self) -> list[str]:
         with self._redis_errors:  # redis-py errors as RedisUnavailable
             names = await discover_queues(self.redis, self.config.prefix)
-        self._discovered = (time.monotonic(), names)
         self._found = set()
         return names
 
@@ -321,27 +336,11 @@ class DashboardService:
         found as queues are: a SCAN at most every discovery_interval, single flight."""
         if self.config.scheduler_namespace:
             return [self.config.scheduler_namespace]
-        last = self._namespaces_found
-        if last is None or time.monotonic() - last[0] >= self.config.discovery_interval:
-            if self._namespace_discovery is None:
-                self._namespace_discovery = flight = asyncio.ensure_future(self._scan_namespaces())
-                flight.add_done_callback(self._namespace_discovery_done)
-            names = await asyncio.shield(self._namespace_discovery)
-        else:
-            names = last[1]
-        return names or [DEFAULT_NAMESPACE]
-
-    def _namespace_discovery_done(self, flight: asyncio.Future) -> None:
-        if self._namespace_discovery is flight:
-            self._namespace_discovery = None
-        if not flight.cancelled():
-            flight.exception()  # retrieved: a failure is each waiter's to report
+        return await self._namespace_scan.names() or [DEFAULT_NAMESPACE]
 
     async def _scan_namespaces(self) -> list[str]:
         with self._redis_errors:
-            names = await discover_scheduler_namespaces(self.redis, self.config.prefix)
-        self._namespaces_found = (time.monotonic(), names)
-        return names
+            return await discover_scheduler_namespaces(self.redis, self.config.prefix)
 
     async def schedules(self, queue: str | None = None) -> list[dict]:
         shown = [{**views.schedule_view(s), "namespace": namespace}
