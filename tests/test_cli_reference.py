@@ -4,26 +4,19 @@ argument of every command has help and, where it has one, its default (issue 39)
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import subprocess
 import sys
 
 from tests.support.processes import ROOT
-
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location("sync_cli", ROOT / "tooling/sync_cli.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tooling import sync_cli
 
 
 def test_the_reference_page_is_what_the_parsers_give():
-    assert load_tool().check() == [], "run: python tooling/sync_cli.py"
+    assert sync_cli.check() == [], "run: python tooling/sync_cli.py"
 
 
 def test_the_check_fails_on_a_stale_page(tmp_path, monkeypatch):
-    tool = load_tool()
+    tool = sync_cli
     stale = tmp_path / "cli.md"
     stale.write_text(tool.render().replace("| `10` |", "| `11` |", 1))
     monkeypatch.setattr(tool, "DOC", stale)
@@ -31,7 +24,7 @@ def test_the_check_fails_on_a_stale_page(tmp_path, monkeypatch):
 
 
 def test_every_argument_of_every_command_has_help():
-    tool = load_tool()
+    tool = sync_cli
     seen = 0
     for name, parser in tool.commands():
         for action in parser._actions:

@@ -4,6 +4,7 @@ descriptions the CRDs use, and how `--check` reports."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any, Callable
 
@@ -50,3 +51,10 @@ def check_or_write(check: bool, problems: Callable[[], list[str]], write: Callab
     if found:
         print(f"run: {command}")
     return 1 if found else 0
+
+
+def main(doc: str | None, problems: Callable[[], list[str]], write: Callable[[], None], command: str) -> int:
+    """The command line of a generator whose only option is --check."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only report differences (exit 1 if any)")
+    return check_or_write(parser.parse_args().check, problems, write, command)

@@ -24,7 +24,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
 from effectmq import cli, clitools  # noqa: E402
 from effectmq.scheduler import DEFAULT_NAMESPACE  # noqa: E402
-from tooling.generated import check_or_write  # noqa: E402
+from tooling import generated  # noqa: E402
 
 DOC = ROOT / "docs/cli.md"
 WIDTH = "100"  # columns of the usage lines
@@ -169,12 +169,5 @@ def write() -> None:
     DOC.write_text(render())
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only report a difference (exit 1 if any)")
-    args = parser.parse_args()
-    return check_or_write(args.check, check, write, "python tooling/sync_cli.py")
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(generated.main(__doc__, check, write, "python tooling/sync_cli.py"))

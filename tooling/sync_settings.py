@@ -12,7 +12,6 @@ ruamel.yaml` if it is missing). `--check` needs only PyYAML.
 
 from __future__ import annotations
 
-import argparse
 import io
 import sys
 from pathlib import Path
@@ -22,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from effectmq import settings  # noqa: E402
-from tooling.generated import check_or_write, folded, round_trip_yaml  # noqa: E402
+from tooling import generated  # noqa: E402
+from tooling.generated import folded, round_trip_yaml  # noqa: E402
 from effectmq.settings import Kind, Setting  # noqa: E402
 
 CRDS = (ROOT / "crds/queue.yaml", ROOT / "charts/effectmq/crds/queue.yaml")
@@ -162,12 +162,5 @@ def check() -> list[str]:
     return problems
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only report differences (exit 1 if any)")
-    args = parser.parse_args()
-    return check_or_write(args.check, check, write, "python tooling/sync_settings.py")
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(generated.main(__doc__, check, write, "python tooling/sync_settings.py"))

@@ -29,7 +29,6 @@ ago as ready; the operator writes its first status within a poll.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 from dataclasses import dataclass
 
@@ -255,9 +254,8 @@ def test_every_state_argo_cd_users_expect_is_covered():
 
 def test_argocd_cm_snippet_holds_the_script_under_both_keys():
     """gitops/argocd/argocd-cm.yaml is generated from health.lua (tooling/argohealth/argocd_cm.py)."""
-    spec = importlib.util.spec_from_file_location("argocd_cm", REPO_ROOT / "tooling/argohealth/argocd_cm.py")
-    argocd_cm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(argocd_cm)
+    from tooling.argohealth import argocd_cm
+
     assert argocd_cm.main(["--check"]) == 0, "run `python tooling/argohealth/argocd_cm.py`"
     manifest = yaml.safe_load(ARGOCD_CM.read_text())
     assert (manifest["apiVersion"], manifest["kind"], manifest["metadata"]["name"]) == ("v1", "ConfigMap", "argocd-cm")

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
+import importlib
 import json
 import re
-import sys
 
 import pytest
 import yaml
@@ -80,11 +79,7 @@ def test_kubectl_explain_describes_every_field(kube_control_plane, effectmq_crds
 
 
 def load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "tooling" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"tooling.{name}")
 
 
 @pytest.mark.kube

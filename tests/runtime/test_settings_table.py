@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import math
 
@@ -10,18 +9,11 @@ import pytest
 
 from effectmq import TaskQueue, Worker, errors, settings
 from effectmq.settings import STORED, Kind
-from tests.support.processes import ROOT
-
-
-def load_sync_tool():
-    spec = importlib.util.spec_from_file_location("sync_settings", ROOT / "tooling/sync_settings.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tooling import sync_settings
 
 
 def test_the_crds_and_the_reference_page_are_written_from_the_table():
-    assert load_sync_tool().check() == []
+    assert sync_settings.check() == []
 
 
 def test_taskqueue_defaults_are_the_tables():
