@@ -6,7 +6,7 @@ poll pass and the API requests per second it causes.
     python bench/operator_fanout.py --redis 4 --cron "0 3 * * *"      # 4 redis-servers, Schedules that rarely fire
     python bench/operator_fanout.py --api-latency 0.02                # every API call of the operator 20 ms slower
 
-Targets (issue): a full pass within the default poll interval (10 s) on this
+Targets: a full pass within the default poll interval (10 s) on this
 machine, also with `--api-latency 0.02`, and under 1 API request per Queue per
 minute in steady state. Reported too: the operator's connections to each
 redis-server (its sockets matched to CLIENT LIST, sampled through every phase),
@@ -19,7 +19,7 @@ LatencyProxy, in a process of its own), so each request-reply takes S longer:
 latency on the wire, TLS untouched, concurrent requests not serialized.
 
 Runs everything on loopback and stops it afterwards: the test control plane
-(etcd, kube-apiserver, kube-controller-manager from tests/fixtures/kube.py;
+(etcd, kube-apiserver, kube-controller-manager from tooling/testbed/controlplane.py;
 build it with `bash tooling/controlplane/build.sh`), `--redis` private
 redis-servers and the operator as a real process (tests/support/operator.py).
 Run it with the project's venv (the operator runs under the same interpreter).
@@ -83,12 +83,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
-from tests.fixtures import kube as kube_fixture  # noqa: E402
-from tests.fixtures.kube import KubeControlPlane  # noqa: E402
+from tooling.testbed import Unavailable  # noqa: E402
+from tooling.testbed.controlplane import KubeControlPlane, locate_bin_dir  # noqa: E402
 from tests.fixtures.proxy import LatencyProxy  # noqa: E402
 from tests.fixtures.redis import RedisServer  # noqa: E402
 from tests.support.operator import OperatorProcess  # noqa: E402
-from effectmq_operator.connections import CONNECTIONS_PER_REDIS  # noqa: E402
+from effectmq_operator.redis_pool import CONNECTIONS_PER_REDIS  # noqa: E402
 
 NAMESPACE = "bench-fanout"
 GROUP, VERSION = "effectmq.io", "v1alpha1"
@@ -269,13 +269,11 @@ def operator_kubeconfig(plane: KubeControlPlane, proxy_port: int, work_dir: Path
 
 
 def start_plane(work_dir: Path, log_dir: Path) -> KubeControlPlane:
-    env = os.environ.get("EFFECTMQ_CONTROLPLANE_BIN")
-    bin_dir = Path(env) if env else kube_fixture.default_bin_dir()
-    missing = [n for n in kube_fixture.REQUIRED_BINARIES if not os.access(bin_dir / n, os.X_OK)]
-    if missing:
-        raise SystemExit(f"control plane binaries missing in {bin_dir}: {', '.join(missing)}; "
-                         f"build them with `{kube_fixture.BUILD_COMMAND}`")
-    plane = KubeControlPlane(bin_dir=bin_dir.resolve(), work_dir=work_dir, log_dir=log_dir)
+    try:
+        bin_dir = locate_bin_dir()
+    except Unavailable as exc:
+        raise SystemExit(str(exc)) from None
+    plane = KubeControlPlane(bin_dir=bin_dir, work_dir=work_dir, log_dir=log_dir)
     try:
         plane.start()
     except Exception as exc:

@@ -36,8 +36,8 @@ import redis.asyncio as aioredis
 
 from bench import _callgrind
 from bench._redis import start_redis
-from effectmq import scripts
-from effectmq.queue import TaskQueue
+from effectmq.protocol import scripts
+from effectmq.client.queue import TaskQueue
 
 
 class Callgrind:

@@ -4,7 +4,7 @@
     python bench/timer_lateness.py --jobs 20000 --rounds 3
 
 One in-process Worker (a private redis-server) runs `asyncio.sleep(0.01)` handlers on
-asyncio's own loop and on the worker's default loop (effectmq.loops.precise_event_loop),
+asyncio's own loop and on the worker's default loop (effectmq.eventloop.loops.precise_event_loop),
 with prefetch 0 and auto. The ideal is concurrency / 10 ms. "sleep" is how long the
 handler's 10 ms sleep took: what is left of a slot's time beyond it is the wait for the
 next task (a round trip without prefetch).
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import effectmq
 from bench._redis import private_redis
-from effectmq.loops import precise_event_loop
+from effectmq.eventloop.loops import precise_event_loop
 
 HANDLER_SECONDS = 0.01
 

@@ -18,16 +18,19 @@ import signal
 import sys
 from typing import Any, AsyncIterator, Callable
 
-from . import settings
-from .app import App
+from . import __version__
+from .protocol import settings
+from .client.app import App
 from .clitools import (CAST_KINDS, FAILED, PROG, UNAVAILABLE, URL_HELP, USAGE, BadSetting, CommandError, Parser,
-                       choice, deprecated, emit, env, log_level_option, port_or_off, say, setup_logging)
-from .connection import RedisErrors, url_from_env
-from .discovery import discover_queues, queue_exists
+                       choice, deprecated, emit, env, env_flag, log_level_option, port_or_off, say, setup_logging)
+from .transport.connection import RedisErrors, url_from_env
+from .client.discovery import discover_queues, queue_exists
 from .errors import EffectMQError, InvalidOption, RedisUnavailable
-from .loops import LOOPS, loop_factory
-from .queue import TaskQueue
-from .worker import Worker
+from .eventloop.loops import LOOPS, loop_factory
+from .client.models import PodIdentity
+from .client.queue import TaskQueue
+from .worker.tracing import setup_sdk
+from .worker.worker import Worker
 
 log = logging.getLogger("effectmq.cli")
 
@@ -166,6 +169,9 @@ def _given(args, *names: str) -> dict[str, Any]:
 def _human_task(info: dict) -> str:
     lines = [f"{k:>24}: {json.dumps(v, default=str) if isinstance(v, (dict, list)) else v}"
              for k, v in info.items() if v not in (None, {}, [])]
+    # each stall in a line of its own: why the attempt's worker went (models.stall_cause_text)
+    lines += [f"{'attempt ' + str(a.get('attempt')):>24}: stalled: {a['cause_text']}"
+              for a in info.get("attempts") or [] if isinstance(a, dict) and a.get("cause_text")]
     return "\n".join(lines)
 
 
@@ -180,11 +186,14 @@ async def cmd_worker(args) -> int:
     queue = TaskQueue(queue_name, url=args.url or url_from_env() or (app.url if app else None), **options)
     if isinstance(target, App):
         target.use_queue(queue)
+    if exporting := setup_sdk():
+        log.info("exporting traces (OTEL_* variables): %s", exporting)
     worker = Worker(queue, target, concurrency=args.concurrency, prefetch=args.prefetch, lock_timeout=args.lock_timeout,
                     lock_refresh=args.lock_refresh, drain_timeout=args.drain_timeout,
                     maintenance_interval=args.maintenance_interval, maintenance_batch=args.maintenance_batch,
                     metrics_port=args.metrics_port, loop_block_warning=args.loop_block_warning or None,
-                    name=env("EFFECTMQ_WORKER_NAME") or env("HOSTNAME"))
+                    name=env("EFFECTMQ_WORKER_NAME") or env("HOSTNAME"), trace_links=args.trace_links,
+                    pod=PodIdentity.from_env(os.environ))
     stop_signals: StopSignals | None = getattr(args, "stop_signals", None)
     if stop_signals is not None:
         stop_signals.attach(worker)
@@ -241,8 +250,11 @@ async def cmd_offer(args) -> int:
         payload = json.loads(args.payload) if args.payload is not None else None
     except ValueError as exc:
         raise CommandError(f"payload is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise CommandError("payload is nested too deep to decode") from None
     async with _queue(args) as q:  # offering is how a queue comes to be
-        offered = await q.offer(args.name, payload, task_id=args.task_id, delay=args.delay, priority=args.priority)
+        offered = await q.offer(args.name, payload, task_id=args.task_id, delay=args.delay, priority=args.priority,
+                                group=args.group)
     emit(args, offered._asdict(), lambda o: f"{'offered' if o['created'] else 'already known'}: {o['task_id']}")
     return 0
 
@@ -265,6 +277,45 @@ def _simple(action: str) -> Callable:
     return run
 
 
+def rate_limit_setting(value: str) -> tuple[int, float] | str:
+    """rate-limit's argument: TASKS/PERIOD ("100/1s", "5/60", "2/0.5s"), or "off"."""
+    text = value.strip().lower()
+    if text == "off":
+        return text
+    tasks, slash, period = text.partition("/")
+    try:
+        if not slash:
+            raise ValueError
+        return int(tasks), float(period.removesuffix("s"))
+    except ValueError:
+        raise BadSetting(f"a rate limit is TASKS/PERIOD (100/1s: 100 starts in any second) or off, "
+                         f"got {value!r}") from None
+
+
+async def cmd_rate_limit(args) -> int:
+    async with _known_queue(args) as q:
+        if args.limit is not None:  # else only shown
+            await q.configure(rate_limit=None if args.limit == "off" else args.limit)
+        stats = await q.stats()
+    limit = stats.rate_limit
+    emit(args, {"queue": q.name, "rate_limit": list(limit) if limit else None,
+                "window_starts": stats.rate_window_starts, "held_for": stats.starts_held_for},
+         lambda v: (f"queue {q.name}: " + (f"at most {limit[0]} starts in any {limit[1]:g}s "
+                                          f"({stats.rate_window_starts} in the current window)" if limit
+                                          else "no rate limit")
+                    + (f"; starts held for {stats.starts_held_for:g}s more" if stats.starts_held_for else "")))
+    return 0
+
+
+async def cmd_hold(args) -> int:
+    async with _known_queue(args) as q:
+        held_for = await q.hold_starts(args.seconds)
+    emit(args, {"queue": q.name, "held_for": held_for},
+         lambda v: f"queue {q.name}: no task starts for {v['held_for']:g}s (by Redis time)")
+    return 0
+
+
+
 def prefetch_setting(value: str) -> int | None:
     """--prefetch: "auto" (None) or a non-negative integer."""
     if value.strip().lower() == "auto":
@@ -284,6 +335,8 @@ CAST_KINDS[prefetch_setting] = "auto or a non-negative integer"
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, description=__doc__.splitlines()[0],
                     epilog="Every command's options, defaults and exit codes: docs/cli.md")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     w = sub.add_parser("worker", help="run handlers for a queue", description="Run handlers for a queue until "
@@ -317,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--loop", choices=LOOPS, default=env("EFFECTMQ_LOOP", "asyncio", choice(*LOOPS)),
                    help="event loop: asyncio's, uvloop (pip install 'effectmq[uvloop]'), or auto = uvloop "
                    "when installed [EFFECTMQ_LOOP]")
+    w.add_argument("--trace-links", action="store_true", default=env_flag("EFFECTMQ_TRACE_LINKS"),
+                   help="traced, each attempt is a trace of its own linked to the task's creation context, "
+                   "not a span in the producer's trace (for fan-outs of many tasks) [EFFECTMQ_TRACE_LINKS]")
     w.set_defaults(run=cmd_worker)
 
     s = sub.add_parser("stats", help="counts per state of a queue")
@@ -343,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "a new random id")
     o.add_argument("--delay", type=float, help="seconds before the task may start; default: none")
     o.add_argument("--priority", type=int, default=0, help="higher runs first, -1000 to 1000")
+    o.add_argument("--group", help="the task's group (a tenant, a customer): groups take turns; default: none")
     _queue_args(o)
     o.set_defaults(run=cmd_offer)
 
@@ -360,6 +417,16 @@ def build_parser() -> argparse.ArgumentParser:
                            help="pause a queue that does not exist yet, so that workers find it paused (without "
                            "it, an unknown queue is an error: a mistyped name makes nothing)")
         p.set_defaults(run=_simple(action))
+    r = sub.add_parser("rate-limit", help="show or set a queue's rate limit (starts in any window, all workers)")
+    r.add_argument("limit", nargs="?", type=rate_limit_setting,
+                   help="TASKS/PERIOD, e.g. 100/1s (at most 100 starts in any second) or 5/60s; off removes it; "
+                   "none: show it")
+    _queue_args(r)
+    r.set_defaults(run=cmd_rate_limit)
+    h = sub.add_parser("hold", help="start no task of a queue for a while (a downstream service said 429)")
+    h.add_argument("seconds", type=float, help="how long, by Redis time; a hold is only ever extended, at most a day")
+    _queue_args(h)
+    h.set_defaults(run=cmd_hold)
     m = sub.add_parser("maintain", help="run one bounded maintenance pass")
     _queue_args(m)
     _maintenance_batch(m)

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any, Callable, Iterator, NoReturn
 
-from .connection import URL_KINDS
+from .transport.connection import URL_KINDS
 
 PROG = "effectmq"
 
@@ -27,7 +27,7 @@ EXIT_CODES = (
                   "try again later"),
 )
 
-# --url has no default of its own: what it leaves unsaid, effectmq.connection.url_from_env
+# --url has no default of its own: what it leaves unsaid, effectmq.transport.connection.url_from_env
 # reads when a command connects (so --help and an explicit --url never read the file).
 URL_HELP = (f"Redis URL: {URL_KINDS} (redis+sentinel://h1:p1,h2:p2/<service>, redis+cluster://h1:p1,h2:p2); "
             "default: EFFECTMQ_REDIS_URL, or EFFECTMQ_REDIS_URL_FILE (a file that holds it, e.g. a mounted "

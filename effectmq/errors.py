@@ -63,7 +63,7 @@ class RedisUnavailable(EffectMQError, ConnectionError):
     """Redis could not be reached, or refused for now (OOM, BUSY, READONLY, LOADING, ...):
     retry with backoff. After a transport error the operation may or may not have happened.
 
-    `answered`: whether a Redis server's reply is behind it (effectmq.connection.redis_answered)."""
+    `answered`: whether a Redis server's reply is behind it (effectmq.transport.connection.redis_answered)."""
 
     def __init__(self, message: str, code: str = "CONNECTION", retryable: bool = True, *, answered: bool = True):
         super().__init__(message)
@@ -84,6 +84,24 @@ class RedisRefused(EffectMQError):
         self.answered = answered
 
 
+class NotReplicated(EffectMQError):
+    """A durable offer (TaskQueue(replicas_to_confirm=N)) that the Redis primary stored but
+    that fewer than N replicas confirmed within confirm_timeout (Redis WAIT): the tasks may
+    or may not survive a failover. Offering the same task ids again is safe (an existing id
+    is left untouched) and confirms them again: `task_ids` (generated ids included)."""
+
+    def __init__(self, task_ids: list[str], acknowledged: int, wanted: int, timeout: float):
+        what = f"task {task_ids[0]!r}" if len(task_ids) == 1 else f"{len(task_ids)} tasks (first {task_ids[0]!r})"
+        super().__init__(f"offer of {what} stored on the Redis primary, but only {acknowledged} of the "
+                         f"{wanted} replicas asked for confirmed it within {timeout:g}s (WAIT): it may or may not "
+                         f"survive a failover; offering the same task_id again is safe (offers are idempotent "
+                         f"by id)")
+        self.task_ids = task_ids
+        self.acknowledged = acknowledged
+        self.wanted = wanted
+        self.timeout = timeout
+
+
 class AlreadySettled(LeaseLost):
     """This attempt already settled otherwise (e.g. release() after its complete()):
     `outcome` says how ("completed", "retry", "failed", "released")."""
@@ -94,6 +112,18 @@ class AlreadySettled(LeaseLost):
         self.task_id = task_id
         self.operation = operation
         self.outcome = outcome
+
+
+class RateLimited(EffectMQError):
+    """Raised by a handler whose downstream service said "not now" (HTTP 429 with
+    Retry-After): the queue starts no task, on any worker, for `retry_after` seconds by
+    Redis time (TaskQueue.hold_starts), and this attempt's task goes back to waiting
+    without counting a handler failure. `retry_after` is at most protocol.MAX_HOLD (a
+    day); another value fails the attempt as a Defect."""
+
+    def __init__(self, retry_after: float, message: str = ""):
+        super().__init__(message or f"rate limited: retry after {retry_after!r}s")
+        self.retry_after = retry_after
 
 
 class CorruptValue(EffectMQError):

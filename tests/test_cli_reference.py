@@ -1,5 +1,5 @@
 """The command line's reference page (docs/cli.md) is written from the parsers, and every
-argument of every command has help and, where it has one, its default (issue 39)."""
+argument of every command has help and, where it has one, its default."""
 
 from __future__ import annotations
 

@@ -22,4 +22,4 @@ if [ "${1:-}" = up ]; then
     export EFFECTMQ_CONTROLPLANE_BIN EFFECTMQ_NODE_BIN
     bash tooling/images.sh all >&2
 fi
-exec "$venv/bin/python" -m tests.fixtures.cluster "$@"
+exec "$venv/bin/python" -m tooling.testbed.cluster "$@"

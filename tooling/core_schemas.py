@@ -25,7 +25,6 @@ import argparse
 import copy
 import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -230,14 +229,12 @@ def from_kubeconfig(kubeconfig: str | None) -> dict[str, Any]:
 
 def from_test_control_plane() -> dict[str, Any]:
     """Start the test control plane (the pinned release, from the build cache) to read it."""
-    os.environ.pop("CI", None)  # a missing build is reported, not failed as a test would
-    import pytest
-
-    from tests.fixtures.kube import KubeControlPlane, locate_bin_dir
+    from tooling.testbed import Unavailable
+    from tooling.testbed.controlplane import KubeControlPlane, locate_bin_dir
 
     try:
         bin_dir = locate_bin_dir()
-    except pytest.skip.Exception as exc:
+    except Unavailable as exc:
         sys.exit(str(exc))
     with tempfile.TemporaryDirectory(prefix="emq-core-schemas-") as work:
         logs = Path(work) / "logs"

@@ -32,8 +32,9 @@
 #
 # Cache layout (EFFECTMQ_CACHE defaults to ~/.cache/effectmq):
 #   $EFFECTMQ_CACHE/images/storage/         buildah's storage (vfs) and run root
-#   $EFFECTMQ_CACHE/images/<image>/<key>.tar   the OCI archives
+#   $EFFECTMQ_CACHE/images/<image>/<key>.tar   the OCI archives (the ARCHIVES_KEPT newest)
 #   $EFFECTMQ_CACHE/images/current/<image>.tar symlinks to the newest archives
+# stdout: the archive of each image asked for, then the current/ folder.
 # <key> hashes the Dockerfile, every file the build copies in (the Python lock files
 # too), the build args, the image name and the base's key (the example image: the
 # worker's key). The base's key records its inputs: the debootstrap recipe, the
@@ -62,6 +63,7 @@ esac
 
 cache="${EFFECTMQ_CACHE:-$HOME/.cache/effectmq}/images"
 mkdir -p "$cache/current"
+ARCHIVES_KEPT=3
 
 # --- Names and tags, read from where they are used.
 app_version="$(sed -n 's/^appVersion:[[:space:]]*"\{0,1\}\([^"[:space:]]*\)"\{0,1\}.*/\1/p' charts/effectmq/Chart.yaml)"
@@ -336,8 +338,9 @@ if [ "$need_build" = 1 ]; then
         rm -f "$archive.tmp"
         bah push --quiet --signature-policy "$policy" "$tag" "oci-archive:$archive.tmp:${ref[$image]}" >&2
         mv -f "$archive.tmp" "$archive"
-        # keep only this key's archive for the image
-        find "$cache/$image" -maxdepth 1 -name '*.tar' ! -name "$key.tar" -delete
+        # Keep the newest few archives of the image: another checkout's tests may be
+        # about to import theirs (they use the paths printed below, not current/).
+        ls -t "$cache/$image"/*.tar | tail -n "+$((ARCHIVES_KEPT + 1))" | xargs -r rm -f
         say "built $image in $((SECONDS - start))s ($(du -h "$archive" | cut -f1))"
     }
     for image in "${wanted[@]}"; do

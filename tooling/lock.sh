@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Write the images' Python dependencies, every one pinned with its hashes (pip-tools):
 #
-#   operator/requirements.lock      effectmq[operator,dashboard]   operator/Dockerfile
-#   worker_image/requirements.lock  effectmq                       worker_image/Dockerfile
+#   operator/requirements.lock      effectmq[operator,dashboard,otel]   operator/Dockerfile
+#   worker_image/requirements.lock  effectmq[otel]                      worker_image/Dockerfile
 #
 # Each lock also pins the build backend (pyproject.toml's build-system.requires): the
 # Dockerfiles install the lock with `pip install --require-hashes --no-deps`, then
@@ -50,6 +50,6 @@ lock() { # output extras...
         "${extra_args[@]}" --output-file "$output" "${LOCK_ARGS[@]}" pyproject.toml
 }
 LOCK_ARGS=("$@")
-lock operator/requirements.lock operator dashboard
-lock worker_image/requirements.lock
+lock operator/requirements.lock operator dashboard otel
+lock worker_image/requirements.lock otel
 say "done: commit the locks; tooling/images.sh rebuilds the images whose lock changed"

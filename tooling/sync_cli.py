@@ -78,7 +78,7 @@ def _visible(action: argparse.Action) -> bool:
 
 
 def _scheduler_namespaces() -> list[str]:
-    from effectmq_operator.connections import SCHEDULER_NAMESPACE as OPERATOR_NAMESPACE
+    from effectmq_operator.redis_pool import SCHEDULER_NAMESPACE as OPERATOR_NAMESPACE
     from effectmq_operator.local.runner import SCHEDULER_NAMESPACE as LOCAL_NAMESPACE
 
     return [

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write what follows from the settings table (effectmq/settings.py): the Queue CRD's
+"""Write what follows from the settings table (effectmq/protocol/settings.py): the Queue CRD's
 defaults, bounds and descriptions (crds/queue.yaml and the chart's copy) and the
 reference page docs/settings.md.
 
@@ -20,10 +20,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from effectmq import settings  # noqa: E402
+from effectmq.protocol import settings  # noqa: E402
 from tooling import generated  # noqa: E402
 from tooling.generated import folded, round_trip_yaml  # noqa: E402
-from effectmq.settings import Kind, Setting  # noqa: E402
+from effectmq.protocol.settings import Kind, Setting  # noqa: E402
 
 CRDS = (ROOT / "crds/queue.yaml", ROOT / "charts/effectmq/crds/queue.yaml")
 DOC = ROOT / "docs/settings.md"
@@ -47,7 +47,7 @@ def schema_fields(setting: Setting) -> dict[str, Any]:
             out["description"] = f"{setting.description} Unset: the runtime's default, {shown}."
     if setting.kind is not Kind.FLAG and setting.kind is not Kind.ENUM:
         if setting.resource_minimum is not None:
-            out["minimum"] = int(setting.resource_minimum)
+            out["minimum"] = settings.resource_minima()[setting.field]
         if setting.field in settings.resource_maxima():
             out["maximum"] = settings.resource_maxima()[setting.field]
     return out
@@ -92,7 +92,7 @@ def _shown(setting: Setting) -> str:
 
 
 def _bounds(setting: Setting) -> str:
-    if setting.kind in (Kind.FLAG, Kind.RETRY):
+    if setting.kind in (Kind.FLAG, Kind.RETRY, Kind.RATE):
         return ""
     if setting.kind is Kind.ENUM:
         return " \\| ".join(setting.choices)
@@ -105,7 +105,8 @@ def render_doc() -> str:
     lines = [
         "# Queue settings",
         "",
-        "<!-- Written by `python tooling/sync_settings.py` from effectmq/settings.py: edit the table there. -->",
+        ("<!-- Written by `python tooling/sync_settings.py` from effectmq/protocol/settings.py: "
+         "edit the table there. -->"),
         "",
         "Every setting of a queue, as Python (`TaskQueue(...)`, `q.configure(...)`, the worker) and a Queue",
         "resource (`spec.<field>`) name it. Settings with a Redis field live in the queue's meta hash, so a",

@@ -11,7 +11,7 @@
 #   EFFECTMQ_REDIS_FLOOR=1 bash tooling/test.sh tests/runtime/test_worker.py  # a part, against both
 set -euo pipefail
 # a real redis-server, libfaketime for the clock-skew tests, and the one-node
-# cluster's node side (tests/fixtures/cluster.py), and the browser of the dashboard tests
+# cluster's node side (tooling/testbed/cluster.py), and the browser of the dashboard tests
 # (tests/dashboard: Playwright drives Debian's chromium, never a downloaded one)
 EFFECTMQ_APT="redis-server=/usr/bin/redis-server libfaketime=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 \
 containerd=/usr/bin/containerd runc=/usr/sbin/runc containernetworking-plugins=/usr/lib/cni/bridge \
@@ -43,6 +43,14 @@ if [ -z "${EFFECTMQ_KSTATUS_BIN:-}" ]; then
     export EFFECTMQ_KSTATUS_BIN
 fi
 say "kstatus helper: $EFFECTMQ_KSTATUS_BIN"
+
+# The OpenTelemetry Collector (OTLP receiver, file exporter) of the trace tests.
+if [ -z "${EFFECTMQ_OTELCOL_BIN:-}" ]; then
+    command -v go >/dev/null 2>&1 || { say "go is needed to build the OpenTelemetry Collector"; exit 1; }
+    EFFECTMQ_OTELCOL_BIN="$(bash tooling/otelcol/build.sh | tail -n 1)"
+    export EFFECTMQ_OTELCOL_BIN
+fi
+say "OpenTelemetry Collector: $EFFECTMQ_OTELCOL_BIN"
 
 # The Argo CD health helper (argo-cd's own argocd-cm parsing and Lua health scripts).
 if [ -z "${EFFECTMQ_ARGOHEALTH_BIN:-}" ]; then

@@ -78,6 +78,8 @@ VARIANTS = [
             default=False),
     Variant("effectmq-uvloop", "effectmq", {"loop": "uvloop"}, "--loop uvloop (asyncio's loop is the default)",
             default=False),
+    Variant("effectmq-traced", "effectmq", {"traced": True},
+            "OpenTelemetry SDK installed, every span sampled, exported to a no-op exporter", default=False),
 ]
 
 

@@ -5,7 +5,7 @@
 
 Layout: `views` (pure: what pages and the API show, the hiding rules of sensitive
 queues, how action outcomes read), `auth` (pure: who may act), `service` (every Redis
-call; which queues a Redis holds is effectmq.discovery's), `web` (routes, templates, JSON).
+call; which queues a Redis holds is effectmq.client.discovery's), `web` (routes, templates, JSON).
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ Design (CSRF-safe without a server-side session store):
 - Scripts and curl may instead send `Authorization: Bearer <token>` (no cookie,
   so nothing a browser adds by itself).
 - Tokens are compared in constant time, are at least MIN_TOKEN_LENGTH characters, and
-  a client that presents wrong ones is refused for a while (FailureLimit).
+  a client that presents wrong ones is refused for a while (FailureLimit). Behind a
+  proxy the dashboard is told to trust, the client is the address it forwards
+  (`client_address`), so one client's guesses lock out that client only.
 - Only requests naming an allowed host are answered (`host_allowed`): a DNS-rebinding
   page (evil.example resolving to the dashboard's address) sends its own name.
 """
@@ -277,3 +279,45 @@ class FailureLimit:
         self._failures[client] = failures  # the most recent last
         while len(self._failures) > self.clients:
             self._failures.popitem(last=False)
+
+
+MAX_FORWARDED_HOPS = 20  # X-Forwarded-For entries read, from the right: no chain is longer
+
+
+def trusted_networks(specs: Collection[str]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """The proxies trusted to say whom they forward for, from addresses or CIDRs;
+    raises ValueError naming a bad one."""
+    networks = []
+    for spec in specs:
+        try:
+            networks.append(ipaddress.ip_network(spec.strip(), strict=False))
+        except ValueError:
+            raise ValueError(f"trusted proxy {spec!r} is not an IP address or network (CIDR)") from None
+    return tuple(networks)
+
+
+def _trusted(address: str, networks: Collection[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in network for network in networks)
+
+
+def client_address(remote: str | None, forwarded_for: Collection[str],
+                   trusted: Collection[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> str:
+    """Who sent a request: its peer, unless the peer is a trusted proxy; then the nearest
+    address in X-Forwarded-For (`forwarded_for`: the header's values, in order) that is not
+    a trusted proxy, read from the right, where each proxy appends the address it saw.
+    Entries left of that one were written by the client and are never believed."""
+    client = remote or ""
+    if not trusted or not _trusted(client, trusted):
+        return client
+    hops = [hop.strip() for value in forwarded_for for hop in value.split(",")]
+    for hop in reversed(hops[-MAX_FORWARDED_HOPS:]):
+        if not hop:
+            break
+        client = hop[:64]  # a key of the failure limit: bounded, whatever was written
+        if not _trusted(hop, trusted):
+            break
+    return client

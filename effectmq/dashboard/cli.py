@@ -2,7 +2,7 @@
 
     effectmq dashboard --url URL [--queue NAME ...] [--host 127.0.0.1] [--port 8080]
                        [--actions] [--token-file PATH] [--read-token-file PATH]
-                       [--allowed-host NAME ...] [--behind-tls] [--unauthenticated-reads]
+                       [--allowed-host NAME ...] [--behind-tls] [--trusted-proxy CIDR ...] [--unauthenticated-reads]
 
 Read-only unless --actions is given together with a token (--token-file, or
 EFFECTMQ_DASHBOARD_TOKEN). Reading is open unless a read token is given
@@ -23,7 +23,7 @@ import os
 import signal
 
 from ..clitools import URL_HELP, CommandError, env, env_flag, log_level_option, needs_extras, port
-from ..connection import url_from_env
+from ..transport.connection import url_from_env
 from ..errors import InvalidOption
 
 log = logging.getLogger("effectmq.dashboard")
@@ -74,7 +74,8 @@ def config_from_args(args):
         return DashboardConfig(url=args.url or url_from_env(), queues=_names(args.queue, "EFFECTMQ_DASHBOARD_QUEUES"),
                                prefix=args.prefix, actions=bool(args.actions), token=token if args.actions else None,
                                scheduler_namespace=args.scheduler_namespace, read_token=read, allowed_hosts=allowed,
-                               behind_tls=bool(args.behind_tls), want_events=True if args.want_events else None)
+                               behind_tls=bool(args.behind_tls), want_events=True if args.want_events else None,
+                               trusted_proxies=tuple(_names(args.trusted_proxy, "EFFECTMQ_DASHBOARD_TRUSTED_PROXIES")))
     except InvalidOption as exc:
         raise StartupError(str(exc)) from None
 
@@ -152,6 +153,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    default=env_flag("EFFECTMQ_DASHBOARD_BEHIND_TLS"),
                    help="served through TLS (an ingress): the session cookie is Secure "
                    "[EFFECTMQ_DASHBOARD_BEHIND_TLS=true]")
+    p.add_argument("--trusted-proxy", action="append", metavar="CIDR",
+                   help="a proxy (address or network) whose X-Forwarded-For names the client, so the sign-in "
+                   "limit counts each client apart behind an ingress (repeat it) "
+                   "[EFFECTMQ_DASHBOARD_TRUSTED_PROXIES, comma-separated]")
     p.add_argument("--want-events", action="store_true",
                    default=env_flag("EFFECTMQ_DASHBOARD_WANT_EVENTS"),
                    help="keep lifecycle events written for every queue shown (a write per queue every 20 s), "

@@ -17,15 +17,17 @@ from typing import Awaitable, Callable
 
 from redis.asyncio.cluster import RedisCluster
 
-from .. import protocol
-from ..checks import check_number, redis_write_notes
-from ..connection import RedisErrors, connect
-from ..errors import EffectMQError
-from ..keys import QUEUE_NAME, check_queue_name
-from ..queue import EVENTS_INTEREST, TaskQueue
+from ..protocol import protocol
+from ..client.checks import check_number, redis_write_notes
+from ..transport.connection import RedisErrors, connect
+from ..errors import EffectMQError, InvalidOption
+from ..protocol.keys import QUEUE_NAME, check_queue_name
+from ..client.queue import EVENTS_INTEREST, TaskQueue
 from ..scheduler import DEFAULT_NAMESPACE, Scheduler
 from . import auth, views
-from ..discovery import discover_queues, discover_scheduler_namespaces, queue_exists
+from ..client.discovery import discover_queues, queue_exists
+from ..client.models import parse_task
+from ..scheduler.store import discover_scheduler_namespaces
 
 log = logging.getLogger("effectmq.dashboard")
 
@@ -88,6 +90,8 @@ class DashboardConfig:
     read_token: str | None = None  # set: every page needs a session or Bearer token (this one or `token`)
     allowed_hosts: list[str] = field(default_factory=list)  # Host names answered besides loopback ("*": any)
     behind_tls: bool = False  # served through TLS (an ingress): the session cookie is Secure
+    # Proxies (addresses or CIDRs) whose X-Forwarded-For names the client (auth.client_address)
+    trusted_proxies: tuple[str, ...] = ()
     session_max_age: float = auth.SESSION_MAX_AGE
     # Register interest in lifecycle events (a write per queue every EVENTS_EVERY) so task
     # pages show them; None: only with actions (a read-only dashboard writes nothing).
@@ -98,6 +102,10 @@ class DashboardConfig:
     def __post_init__(self) -> None:
         auth.check_token(self.token, "action token")
         auth.check_token(self.read_token, "read token")
+        try:
+            self.trusted_networks = auth.trusted_networks(self.trusted_proxies)
+        except ValueError as exc:
+            raise InvalidOption(str(exc)) from None
         check_number("session_max_age", self.session_max_age, minimum=1, allow_none=False, maximum=30 * 86400)
         check_number("discovery_interval", self.discovery_interval, minimum=0, allow_none=False, maximum=86400)
         check_number("max_connections", self.max_connections, minimum=1, integer=True, allow_none=False,
@@ -230,9 +238,9 @@ class DashboardService:
 
     async def summary(self, name: str) -> dict:
         q = self.queue(name)
-        stats, settings, workers, points = await asyncio.gather(q.stats(), q.settings(), q.workers(),
-                                                                q.throughput(minutes=60))
-        return views.queue_summary(stats, settings, workers, points)
+        stats, settings, workers, points, poison = await asyncio.gather(q.stats(), q.settings(), q.workers(),
+                                                                        q.throughput(minutes=60), q.poison_count())
+        return views.queue_summary(stats, settings, workers, points, poison)
 
     async def overview(self) -> list[dict]:
         names = await self.queue_names()
@@ -248,11 +256,14 @@ class DashboardService:
         if search:
             ids: list = [search]
         else:
+            # the poison list: the most recent pod deaths first (its scores are their times)
+            command = "ZREVRANGE" if state == views.POISON else "ZRANGE"
             with self._redis_errors:
-                ids = await self.redis.execute_command("ZRANGE", q.keys.key(state), offset, offset + limit - 1,
+                ids = await self.redis.execute_command(command, q.keys.key(state), offset, offset + limit - 1,
                                                        NEVER_DECODE=True)
         rows = [views.task_row(info, sensitive=summary["sensitive"]) for info in await self._list_records(q, ids)]
-        page = views.Page(0, limit, len(rows)) if search else views.Page(offset, limit, summary["counts"][state])
+        total = summary["poison"] if state == views.POISON else summary["counts"][state]
+        page = views.Page(0, limit, len(rows)) if search else views.Page(offset, limit, total)
         return {"queue": summary, "state": state, "search": search, "tasks": rows, "page": page.to_json(),
                 "_page": page}
 
@@ -273,7 +284,7 @@ class DashboardService:
             present = [(name, value) for name, value in zip(views.LIST_FIELDS, reply) if value is not None]
             if present:  # else gone since the ZRANGE (expired, or a search for no task)
                 names, values = zip(*present)
-                records.append(views.parse_record(task_id, protocol.decode_fields(names, list(values))))
+                records.append(parse_task(task_id, protocol.decode_fields(names, list(values))))
         return records
 
     async def task(self, name: str, task_id: str) -> dict | None:
@@ -282,7 +293,7 @@ class DashboardService:
                                                        q.task_events(task_id))
         if not flat:
             return None
-        info = views.parse_record(task_id, protocol.decode_hash(flat))
+        info = parse_task(task_id, protocol.decode_hash(flat))
         return {"queue": name, "task": views.task_detail(info, sensitive=sensitive),
                 "events": views.task_events(events)}
 

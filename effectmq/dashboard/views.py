@@ -7,17 +7,16 @@ here once.
 
 from __future__ import annotations
 
-import dataclasses
-import json
+import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
-from .. import codec
+from ..protocol import codec
 from ..errors import CANCELED, STALLED, TIMEOUT
-from ..keys import INDEXES
-from ..models import QueueStats, TaskInfo, ThroughputPoint, parse_task
-from ..protocol import MAX_COUNT, RawFields
+from ..protocol.keys import INDEXES
+from ..client.models import QueueStats, TaskInfo, ThroughputPoint
+from ..protocol.protocol import MAX_COUNT, POISON_KILLS
 
 # What a sensitive queue's values are shown as (payload, result, progress, error data).
 HIDDEN = "hidden: the queue is marked sensitive"
@@ -32,11 +31,14 @@ VALUE_FIELDS = ("payload", "result", "progress")
 LIST_FIELDS = ("name", "state", "attempt", "priority", "handler_failure_count", "stalled_attempt_count", "error",
                "created_at", "finished_at")
 # Stored JSON fields of a task hash.
-JSON_FIELDS = ("payload", "result", "progress", "error", "options", "attempts")
 # Values nested deeper are not shown: JSON encoding inside a page would hit Python's recursion limit.
 MAX_SHOWN_DEPTH = 100
 # Event fields shown; any other field an event carries (e.g. a progress value) is not.
 EVENT_FIELDS = ("event", "id", "at", "attempt", "was", "name", "kind", "retry_at", "stalled_attempt_count")
+# The list of tasks whose attempts killed their worker's pod POISON_KILLS times or more
+# (the queue's poison set, most recent first), shown beside the state lists.
+POISON = "poison"
+LISTS = (*INDEXES, POISON)
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
 MAX_OFFSET = MAX_COUNT  # where a list may start (Redis takes int64; the engine bounds offsets so)
@@ -71,17 +73,31 @@ def throughput_series(points: Sequence[ThroughputPoint]) -> dict:
             "completed": [p.completed for p in points], "failed": [p.failed for p in points]}
 
 
+def rate_limit_shown(stats: QueueStats) -> str:
+    """The rate limit as a queue's facts show it: "100 per 1 s · 37 in the window", a hold
+    of starts after it ("held 12s"); "none" when there is neither."""
+    parts = []
+    if stats.rate_limit is not None:
+        tasks, period = stats.rate_limit
+        parts.append(f"{tasks} per {period:g} s · {stats.rate_window_starts} in the window")
+    if stats.starts_held_for > 0:
+        parts.append(f"held {human_age(math.ceil(stats.starts_held_for))}")
+    return " · ".join(parts) or "none"
+
+
 def queue_summary(stats: QueueStats, settings: Mapping[str, Any], workers: Mapping[str, tuple[int, int]],
-                  points: Sequence[ThroughputPoint]) -> dict:
-    """One queue's line of the overview."""
+                  points: Sequence[ThroughputPoint], poison: int = 0) -> dict:
+    """One queue's line of the overview; `poison`: how many tasks its poison list holds."""
     rate = failure_rate(points)
     return {
         "name": stats.queue,
         "counts": {state: getattr(stats, state) for state in INDEXES},
+        "poison": poison,
         "oldest_waiting_seconds": round(stats.oldest_waiting_seconds, 3),
         "oldest_waiting": human_age(stats.oldest_waiting_seconds) if stats.waiting else "-",
         "paused": stats.paused,
         "max_active": stats.max_active if stats.max_active > 0 else None,
+        "rate_limit": rate_limit_shown(stats),
         "sensitive": bool(settings.get("sensitive")),
         "workers": [{"name": name, "in_flight": in_flight, "concurrency": concurrency}
                     for name, (in_flight, concurrency) in sorted(workers.items())],
@@ -137,30 +153,6 @@ def decode_id(raw: bytes | str) -> str:
         return raw.decode(errors="surrogateescape")
 
 
-def _nested_too_deep(text: Any) -> bool:
-    try:
-        json.loads(text)
-    except RecursionError:
-        return True
-    except (ValueError, TypeError):
-        return False
-    return False
-
-
-def parse_record(task_id: str, fields: RawFields) -> TaskInfo:
-    """models.parse_task, except that a stored JSON value nested deeper than Python's
-    recursion limit makes that value unreadable (reported in `corrupt`), not the record."""
-    try:
-        return parse_task(task_id, fields)
-    except RecursionError:
-        pass
-    deep = [name for name in JSON_FIELDS if name in fields.values and _nested_too_deep(fields.values[name])]
-    kept = RawFields({k: v for k, v in fields.values.items() if k not in deep}, dict(fields.undecodable))
-    info = parse_task(task_id, kept)
-    problems = [p for p in (info.corrupt, *(f"stored {name} is nested too deeply to read" for name in deep)) if p]
-    return dataclasses.replace(info, corrupt="; ".join(problems))
-
-
 def depth_exceeds(value: Any, limit: int) -> bool:
     """Whether lists and dicts nest deeper than `limit` in `value` (no recursion)."""
     stack = [(value, 1)]
@@ -196,6 +188,9 @@ def task_detail(info: TaskInfo, *, sensitive: bool) -> dict:
         for name in (*VALUE_FIELDS, "options"):
             shown[name] = shown_value(shown[name])
     shown["attempt_rows"] = attempt_rows(shown)
+    # its attempts killed their worker's pod more than once (a stall's cause: the Kubernetes
+    # pod's fate, never a user value, so shown on a sensitive queue too)
+    shown["poison"] = info.pod_kills >= POISON_KILLS
     shown["sensitive"] = sensitive
     shown["can_retry"] = info.state in ("failed", "canceled")
     # offered on a running task too: the engine refuses it, and the page says why
@@ -267,10 +262,10 @@ class BadRequest(ValueError):
 
 
 def parse_listing(query: Mapping[str, str]) -> tuple[str, int, int, str]:
-    """state, offset, limit and search of a state list's query string."""
+    """state (a state index, or POISON), offset, limit and search of a list's query string."""
     state = query.get("state") or "waiting"
-    if state not in INDEXES:
-        raise BadRequest(f"unknown state {state!r}; known: {', '.join(INDEXES)}")
+    if state not in LISTS:
+        raise BadRequest(f"unknown state {state!r}; known: {', '.join(LISTS)}")
     try:
         offset = int(query.get("offset") or 0)
         limit = int(query.get("limit") or DEFAULT_PAGE)

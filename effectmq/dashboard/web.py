@@ -21,7 +21,7 @@ import jinja2
 from aiohttp import web
 
 from ..errors import EffectMQError, InvalidOption, RedisUnavailable
-from ..keys import INDEXES
+from ..protocol.keys import INDEXES
 from ..scheduler import InvalidSchedule
 from . import auth, views
 from .service import DashboardConfig, DashboardService, UnknownQueue
@@ -161,6 +161,13 @@ def _unauthorized(request: web.Request, reason: str) -> web.Response:
     return response
 
 
+def _client(request: web.Request) -> str:
+    """Whom the sign-in limit counts this request against (behind a trusted proxy: the
+    address it forwards for)."""
+    return auth.client_address(request.remote, request.headers.getall("X-Forwarded-For", []),
+                               request.app[CONFIG].trusted_networks)
+
+
 @web.middleware
 async def who(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Whose request this is (ROLE: by an Authorization header, else by the session
@@ -171,7 +178,7 @@ async def who(request: web.Request, handler: Handler) -> web.StreamResponse:
     given = auth.bearer(request.headers) if any(tokens.values()) and request.path not in PROBES else None
     if given is not None:
         failures = request.app[FAILURES]
-        client = request.remote or ""
+        client = _client(request)
         wait = failures.retry_after(client)
         if wait > 0:
             return _retry_later(request, wait)
@@ -289,7 +296,7 @@ async def login(request: web.Request) -> web.Response:
         return _page(request, "login.html", 403, next=target, failed=True, limited="")
     if auth.cross_site(request.headers, request.host):
         return _page(request, "login.html", 403, next=target, failed=True, limited="")
-    failures, client = request.app[FAILURES], request.remote or ""
+    failures, client = request.app[FAILURES], _client(request)
     wait = failures.retry_after(client)
     if wait > 0:
         return _retry_later(request, wait)

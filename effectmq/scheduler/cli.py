@@ -26,12 +26,11 @@ import signal
 from typing import Any, AsyncIterator, Callable
 
 from ..clitools import FAILED, URL_HELP, BadSetting, CommandError, deprecated, emit, env, log_level_option
-from ..connection import RedisErrors
-from ..discovery import discover_scheduler_namespaces
+from ..transport.connection import RedisErrors
 from .model import ScheduleSpec, ScheduleStatus, TickReport
 from .policy import MISSED_MODES
 from .scheduler import Scheduler
-from .store import DEFAULT_NAMESPACE
+from .store import DEFAULT_NAMESPACE, discover_scheduler_namespaces
 
 log = logging.getLogger("effectmq.scheduler")
 
@@ -137,11 +136,14 @@ async def cmd_add(args) -> int:
         payload = json.loads(args.payload) if args.payload is not None else None
     except ValueError as exc:
         raise CommandError(f"--payload is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise CommandError("--payload is nested too deep to decode") from None
     spec = ScheduleSpec(
         id=args.id, queue=args.queue, cron=args.cron, task=args.task, payload=payload, timezone=args.timezone,
         priority=args.priority, max_retries=args.max_retries, max_stalled_count=args.max_stalled_count,
         timeout=args.timeout, delay=args.delay, missed=args.missed, max_backfill=args.max_backfill,
         starting_deadline=args.starting_deadline, missed_after=args.missed_after, suspend=args.suspend,
+        group=args.group,
     )
     async with _scheduler(args, _written(args)) as scheduler:
         status = await scheduler.put(spec)
@@ -271,6 +273,7 @@ def register(subparsers) -> None:
     add.add_argument("--payload", help="JSON object passed to the task (plus 'tick'); default: none")
     add.add_argument("--timezone", "--tz", default="UTC", help="IANA zone, e.g. Europe/Berlin")
     add.add_argument("--priority", type=int, default=0, help="the tasks' priority, -1000 to 1000")
+    add.add_argument("--group", help="the tasks' group (groups take turns); default: none")
     add.add_argument("--max-retries", type=int, help="the tasks' retries; default: the queue's")
     add.add_argument("--max-stalled-count", type=int, help="the tasks' stalls allowed; default: the queue's")
     add.add_argument("--timeout", type=float, help="handler time limit, seconds; default: none")

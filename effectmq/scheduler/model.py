@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any, NamedTuple, overload
 
-from .. import codec
+from ..protocol import codec
 from ..errors import EffectMQError
-from ..keys import check_queue_name
-from ..queue import offer_argv
+from ..protocol.keys import check_queue_name
+from ..client.queue import offer_argv
 from .errors import InvalidSchedule
 from .policy import MAX_BACKFILL, MISSED_MODES, MissedPolicy, PlannedTick
 from .timeline import Timeline, iso, timeline
@@ -59,6 +59,7 @@ class ScheduleSpec:
     # leader change. A tick that fell due while suspended is missed whatever its age.
     missed_after: float = 60.0
     suspend: bool = False
+    group: str | None = None  # the tasks' group (TaskQueue.offer); stored only when set
     _timeline: Timeline = field(init=False, repr=False, compare=False)
     _missed_policy: MissedPolicy = field(init=False, repr=False, compare=False)
 
@@ -131,7 +132,7 @@ class ScheduleSpec:
     def _options(self, at: int, now_ms: int) -> dict:
         delay = None if self.delay is None else max(0.0, at + self.delay - now_ms / 1000)
         return {"delay": delay, "priority": self.priority, "max_retries": self.max_retries,
-                "max_stalled_count": self.max_stalled_count, "timeout": self.timeout}
+                "max_stalled_count": self.max_stalled_count, "timeout": self.timeout, "group": self.group}
 
     def offer(self, tick: PlannedTick, now_ms: int) -> dict:
         """The `TaskQueue.offer_many` item for one tick."""
@@ -141,7 +142,8 @@ class ScheduleSpec:
     # -- JSON -------------------------------------------------------------------
 
     def to_json(self) -> dict:
-        return {name: getattr(self, name) for name in _FIELDS}
+        # No group: no field, so that a version before groups reads the stored schedule.
+        return {name: getattr(self, name) for name in _FIELDS if name != "group" or self.group is not None}
 
     @classmethod
     def from_json(cls, value: Any) -> "ScheduleSpec":

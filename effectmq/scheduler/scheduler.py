@@ -25,11 +25,12 @@ from typing import Any, AsyncGenerator, Awaitable, Callable
 
 import redis.asyncio as aioredis
 
-from .. import codec, protocol
+from ..protocol import codec, protocol
 from ..errors import EffectMQError, InvalidOption, RedisUnavailable
-from ..models import Offered
-from ..connection import OwnsConnection, connect
-from ..queue import DEFAULT_DEDUP_WINDOW, TaskQueue
+from ..client import tracing
+from ..client.models import Offered
+from ..transport.connection import OwnsConnection, connect
+from ..client.queue import DEFAULT_DEDUP_WINDOW, TaskQueue
 from . import policy
 from .errors import InvalidSchedule
 from .model import Materialized, ScheduleSpec, ScheduleStatus, TickReport, utc_from_ms
@@ -313,7 +314,12 @@ class Scheduler(OwnsConnection):
             await self.before_offer(queue.name, [item["task_id"] for item in items])
         if time.monotonic() - decided_at > PLAN_MAX_AGE:
             raise _StaleDecision()
-        offered = await queue.offer_many(items)
+        if (tracer := tracing.tracer()) is not None:  # each tick the root of a trace
+            ticks = [(d.spec.id, tick.at, item) for d in group for tick, item in zip(d.plan.ticks, d.items)]
+            with tracing.tick_sends(tracer, queue.name, ticks) as items:
+                offered = await queue.offer_many(items)
+        else:
+            offered = await queue.offer_many(items)
         if self.after_offer is not None:
             await self.after_offer(queue.name, offered)
         return offered

@@ -18,10 +18,11 @@ from typing import Any, NamedTuple, Sequence
 
 import redis.asyncio as aioredis
 
-from .. import codec
-from ..connection import GIVEN_CLIENT, RedisErrors
+from ..protocol import codec
+from ..transport.connection import GIVEN_CLIENT, RedisErrors
 from ..errors import InvalidOption
-from ..keys import check_queue_name
+from ..client.discovery import SCAN_COUNT, glob_escape
+from ..protocol.keys import QUEUE_NAME, check_queue_name
 from .errors import InvalidSchedule
 from .model import ScheduleSpec, ScheduleStatus, utc_from_ms
 
@@ -101,15 +102,33 @@ CANDIDATES_AHEAD_MS = 2000
 APPLIED, GONE, CHANGED, LOST, FUTURE = 1, 0, -1, -2, -3
 
 # The scheduler namespace of schedules made by hand (the CLI, Python) when none is named.
-# The operator keeps its own (effectmq_operator.connections.SCHEDULER_NAMESPACE) and
+# The operator keeps its own (effectmq_operator.redis_pool.SCHEDULER_NAMESPACE) and
 # `effectmq local` its own: each removes schedules no resource backs, only in its namespace.
 DEFAULT_NAMESPACE = "default"
-INDEX = "index"  # the key every namespace with a schedule has (effectmq.discovery finds them by it)
+INDEX = "index"  # the key every namespace with a schedule has (discover_scheduler_namespaces finds them by it)
 
 
 def store_base(prefix: str, namespace: str) -> str:
     """What every key of a namespace's store starts with: one hash tag, one cluster slot."""
     return f"{{{prefix}-sched:{namespace}}}:"
+
+
+async def discover_scheduler_namespaces(redis: Any, prefix: str = "emq") -> list[str]:
+    """The scheduler namespaces that hold a schedule (their index key), found by SCAN, sorted.
+    Keys are read as bytes: one that is not UTF-8 names no namespace of ours, and is skipped."""
+    found: set[str] = set()
+    head, tail = store_base(prefix, "\0").split("\0")
+    pattern = store_base(glob_escape(prefix), "*") + INDEX
+    async for raw in redis.scan_iter(match=pattern, count=SCAN_COUNT, NEVER_DECODE=True):
+        try:
+            key = raw.decode() if isinstance(raw, bytes) else raw
+        except UnicodeDecodeError:
+            continue
+        if key.startswith(head) and key.endswith(tail + INDEX):
+            namespace = key[len(head):-len(tail + INDEX)]
+            if "}" not in namespace and QUEUE_NAME.match(namespace):  # as ScheduleStore checks them
+                found.add(namespace)
+    return sorted(found)
 
 
 class ScheduleStore:

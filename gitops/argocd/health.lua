@@ -13,6 +13,12 @@
 --   no status at all (the operator has not seen it yet)   Progressing
 --   Healthy, but the Queue is paused (spec.paused) or the
 --   Schedule suspended (spec.suspend)                      Suspended
+--   Healthy, and the Queue's stalls cluster
+--   (Stalling=True)                                        Healthy, the message Stalling's
+--   Healthy, and the Queue's rate limit holds tasks back
+--   (RateLimited=True)                                     Healthy, the message RateLimited's
+-- (a stalling Queue still works, its attempts are retried: not Degraded; its message
+-- says what to fix; a rate-limited one works as asked, its message says why tasks wait).
 -- Argo CD opens no string library for argocd-cm scripts: base, table and os only.
 
 local SUSPENDED_BY = {
@@ -20,11 +26,24 @@ local SUSPENDED_BY = {
   Schedule = {field = "suspend", message = "suspended (spec.suspend): no ticks are materialized"},
 }
 
--- Healthy, unless the spec stops the resource's work on purpose.
+-- Healthy, unless the spec stops the resource's work on purpose; a warning condition
+-- (Stalling=True, else RateLimited=True) is told in the message.
 local function settled(message)
   local suspended = SUSPENDED_BY[obj.kind]
   if suspended ~= nil and obj.spec ~= nil and obj.spec[suspended.field] == true then
     return {status = "Suspended", message = suspended.message}
+  end
+  local limited = nil
+  for _, condition in ipairs(obj.status.conditions or {}) do
+    if condition.type == "Stalling" and condition.status == "True" and condition.message ~= nil then
+      return {status = "Healthy", message = "stalling: " .. condition.message}
+    end
+    if condition.type == "RateLimited" and condition.status == "True" and condition.message ~= nil then
+      limited = condition
+    end
+  end
+  if limited ~= nil then
+    return {status = "Healthy", message = "rate limited: " .. limited.message}
   end
   return {status = "Healthy", message = message}
 end

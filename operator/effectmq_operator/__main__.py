@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import math
 import os
 import sys
 
 from effectmq.clitools import USAGE, HelpFormatter, Parser, missing_extra, say
+from effectmq.worker.tracing import setup_sdk
 
 PROG = "effectmq-operator"
 
@@ -44,10 +46,10 @@ def _option(parser: argparse.ArgumentParser, flag: str, env: str, default: objec
 def build_parser() -> argparse.ArgumentParser:
     """The operator's options; their defaults come from the modules that use them, which
     need the operator extra (kopf, kubernetes)."""
-    from .connections import CONNECTIONS_PER_REDIS
-    from .controller import RECONCILES_AT_ONCE
-    from .kube import API_THREADS
-    from .leader import LEASE_SECONDS
+    from .queue_controller import RECONCILES_AT_ONCE
+    from .redis_pool import CONNECTIONS_PER_REDIS
+    from .runtime.kube import API_THREADS
+    from .runtime.leader import LEASE_SECONDS
 
     parser = Parser(prog=PROG, description="The EffectMQ Kubernetes operator: reconciles Queues and Schedules.",
                     formatter_class=HelpFormatter)
@@ -89,6 +91,8 @@ def main() -> None:
     kopf.configure(verbose=args.verbose, log_prefix=True)
     if args.metrics_port:
         start_http_server(args.metrics_port)
+    if exporting := setup_sdk(service="effectmq-operator"):  # the Schedules' ticks are trace roots
+        logging.getLogger("effectmq.operator").info("exporting traces (OTEL_* variables): %s", exporting)
     namespaces = args.namespace or [n for n in os.environ.get("EFFECTMQ_WATCH_NAMESPACES", "").split(",") if n]
     asyncio.run(kopf.operator(
         clusterwide=not namespaces, namespaces=namespaces, standalone=True, liveness_endpoint=args.liveness or None,

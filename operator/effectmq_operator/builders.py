@@ -6,14 +6,12 @@ import hashlib
 import json
 from typing import Any
 
-from .spec import QueueSpec, RedisSpec
+from .api import GROUP, VERSION
+from .spec import QueueSpec, RedisSpec, TracingSpec
 
-GROUP = "effectmq.io"
-VERSION = "v1alpha1"
 METRICS_PORT = 9100
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 SPEC_HASH = f"{GROUP}/spec-hash"  # on the Deployment: what the operator last applied
-FIELD_MANAGER = "effectmq-operator"  # server-side apply's manager name, and the Events' reporting component
 MANAGED_BY = {"app.kubernetes.io/managed-by": "effectmq-operator"}
 CA_DIR = "/etc/effectmq/redis-ca"  # where worker pods mount spec.redis.tls.caFrom
 URL_DIR = "/etc/effectmq/redis-url"  # where worker pods mount spec.redis.urlFrom
@@ -63,6 +61,34 @@ def redis_url_env(redis: RedisSpec) -> dict[str, Any]:
     return {"name": "EFFECTMQ_REDIS_URL", "value": redis.url or ""}
 
 
+# The worker's pod, from the downward API: a stall of an attempt it held is then blamed on
+# how this pod ended (the operator records that in Redis).
+POD_IDENTITY_ENV = (
+    {"name": "EFFECTMQ_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    {"name": "EFFECTMQ_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+    {"name": "EFFECTMQ_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+)
+
+
+def tracing_env(namespace: str, name: str, tracing: TracingSpec) -> list[dict[str, Any]]:
+    """The OpenTelemetry SDK's standard variables, which `effectmq worker` reads. The
+    resource names the pod through the kubelet's $(VAR) expansion of POD_IDENTITY_ENV."""
+    resource = (f"k8s.namespace.name={namespace},k8s.deployment.name={deployment_name(name)},"
+                "k8s.pod.name=$(EFFECTMQ_POD_NAME),k8s.pod.uid=$(EFFECTMQ_POD_UID),k8s.node.name=$(EFFECTMQ_NODE_NAME)")
+    env = [
+        {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": tracing.otlp_endpoint},
+        {"name": "OTEL_EXPORTER_OTLP_PROTOCOL", "value": "http/protobuf"},
+        {"name": "OTEL_SERVICE_NAME", "value": deployment_name(name)},
+        {"name": "OTEL_RESOURCE_ATTRIBUTES", "value": resource},
+    ]
+    if tracing.sample_ratio is not None:
+        env += [{"name": "OTEL_TRACES_SAMPLER", "value": "parentbased_traceidratio"},
+                {"name": "OTEL_TRACES_SAMPLER_ARG", "value": repr(tracing.sample_ratio)}]
+    if tracing.links:
+        env.append({"name": "EFFECTMQ_TRACE_LINKS", "value": "true"})
+    return env
+
+
 def worker_env(namespace: str, name: str, spec: QueueSpec) -> list[dict[str, Any]]:
     """The worker container's env: the operator's variables, then the user's. A user
     variable with an operator variable's name replaces it in place (one entry, the
@@ -79,7 +105,10 @@ def worker_env(namespace: str, name: str, spec: QueueSpec) -> list[dict[str, Any
         {"name": "EFFECTMQ_DRAIN_TIMEOUT", "value": str(drain_timeout(worker.termination_grace_seconds))},
         {"name": "EFFECTMQ_METRICS_PORT", "value": str(METRICS_PORT)},
         {"name": "EFFECTMQ_WORKER_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        *POD_IDENTITY_ENV,
     ]
+    if worker.tracing is not None:  # only when set: a new variable would roll every existing Deployment
+        env += tracing_env(namespace, name, worker.tracing)
     if worker.prefetch is not None:  # only when set: a new variable would roll every existing Deployment
         env.append({"name": "EFFECTMQ_PREFETCH", "value": str(worker.prefetch)})
     tls = spec.redis.tls
@@ -111,7 +140,8 @@ RESTRICTED_CONTAINER = {
 }
 
 
-def worker_deployment(namespace: str, name: str, spec: QueueSpec, replicas: int, owner: dict | None = None) -> dict:
+def worker_deployment(namespace: str, name: str, spec: QueueSpec, replicas: int,
+                      owner: dict[str, Any] | None = None) -> dict[str, Any]:
     """The Deployment that runs `effectmq worker` for a Queue, with the hash of
     everything but the replica count in an annotation (drift shows as a mismatch)."""
     worker = spec.worker
@@ -190,14 +220,14 @@ def worker_deployment(namespace: str, name: str, spec: QueueSpec, replicas: int,
     return body
 
 
-def spec_hash(deployment: dict) -> str:
+def spec_hash(deployment: dict[str, Any]) -> str:
     """Hash of a desired Deployment without its replica count and this annotation."""
     meta = {k: v for k, v in deployment["metadata"].items() if k != "annotations"}
     spec = {k: v for k, v in deployment["spec"].items() if k != "replicas"}
     return hashlib.sha256(json.dumps([meta, spec], sort_keys=True).encode()).hexdigest()[:16]
 
 
-def owner_reference(owner: dict) -> dict:
+def owner_reference(owner: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": owner.get("apiVersion", f"{GROUP}/{VERSION}"),
         "kind": owner.get("kind", "Queue"),
@@ -210,7 +240,7 @@ def owner_reference(owner: dict) -> dict:
 
 def queue_settings(spec: QueueSpec) -> dict[str, Any]:
     """Queue-level settings written to Redis, so they apply without a redeploy."""
-    from effectmq import retry as retry_policies
+    from effectmq.client import retry as retry_policies
 
     return {
         "paused": spec.paused,
@@ -222,6 +252,7 @@ def queue_settings(spec: QueueSpec) -> dict[str, Any]:
         "retention_failed": float(spec.retention_failed),
         "max_retries": spec.max_retries,
         "retry": retry_policies.from_json(spec.retry) if spec.retry else None,
+        "rate_limit": spec.rate_limit,
     }
 
 
@@ -229,7 +260,7 @@ def schedule_id(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
-def schedule_spec(namespace: str, name: str, spec: dict) -> dict:
+def schedule_spec(namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
     """The scheduler's definition of a Schedule resource (validated by ScheduleSpec)."""
     task = spec.get("task") or {}
     out = {

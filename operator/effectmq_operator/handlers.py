@@ -2,10 +2,12 @@
 
 kopf is used as the watch machinery (and for the liveness endpoint): Queue,
 Schedule and worker Deployment events update the controllers' registries and
-nudge a reconcile (Secrets are not watched: connections.py reads by name the ones
-Queues refer to, and again every EFFECTMQ_SECRET_REFRESH_SECONDS). All
-reconciling is done by the leader's loops, so Events and writes come from one
-replica, and nothing (no finalizer, no kopf annotation) is added to users' objects.
+nudge a reconcile (Secrets are not watched: redis_pool.py reads by name the ones
+Queues refer to, and again every EFFECTMQ_SECRET_REFRESH_SECONDS); worker pod
+events say how workers ended (worker_endings.py; the API server filters that watch
+by label, so no other pod is streamed). All reconciling is done by the leader's
+loops, so Events and writes come from one replica, and nothing (no finalizer, no
+kopf annotation) is added to users' objects.
 """
 
 from __future__ import annotations
@@ -17,27 +19,23 @@ from dataclasses import dataclass, field
 
 import kopf
 
-from effectmq.loopwatch import LoopWatch
+from effectmq.eventloop.loopwatch import LoopWatch
 
 from . import metrics
-from .builders import GROUP, MANAGED_BY, VERSION
-from .connections import CONNECTIONS_PER_REDIS, SECRET_REFRESH, Connections
-from .controller import RECONCILES_AT_ONCE, QueueController
-from .kube import API_THREADS, Kube, load_config
-from .leader import LEASE_SECONDS, LeaderElector, coordination_api
-from .schedules import ScheduleController
+from .api import GROUP, VERSION
+from .builders import MANAGED_BY
+from .pod_endings import QUEUE_LABEL, WORKER_POD_SELECTOR
+from .queue_controller import RECONCILES_AT_ONCE, QueueController
+from .redis_pool import CONNECTIONS_PER_REDIS, SECRET_REFRESH, Connections
+from .runtime.kube import API_THREADS, Kube, load_config
+from .runtime.leader import LEASE_SECONDS, LeaderElector, coordination_api
+from .runtime.watches import WATCHES
+from .schedule_controller import ScheduleController
+from .worker_endings import WorkerEndings
 
-try:  # kopf's internals that Watches wraps and calls (where kopf 1.37 to 1.45 has them)
-    from kopf._cogs.clients import api as kopf_api
-    from kopf._cogs.clients import errors as kopf_errors
-    from kopf._core.reactor import queueing as kopf_queueing
-except ImportError:  # a kopf that moved them: Watches.install() says it cannot guard the watches
-    kopf_api = kopf_errors = kopf_queueing = None  # type: ignore[assignment]
 
 SHUTDOWN_STEP = 2.0  # seconds each shutdown step may take: SIGTERM to exit stays within a few seconds
 LOOP_BLOCK_WARNING = 3.0  # seconds the loop may not run before the log says where it is stuck (Lease: 15 s)
-UNSERVED_RECHECK = 5.0  # seconds between looks at a resource whose watch answered 404 (its CRD deleted)
-OWN_RESOURCES = (f"queues.{GROUP}", f"schedules.{GROUP}")
 log = logging.getLogger("effectmq.operator")
 
 
@@ -61,6 +59,7 @@ class Running:
     schedules: ScheduleController
     elector: LeaderElector
     loop_watch: LoopWatch
+    endings: WorkerEndings
     tasks: list[asyncio.Task] = field(default_factory=list)
 
 
@@ -120,78 +119,6 @@ def quiet_kopf_logs() -> None:
         handler.addFilter(RETRIES_ARE_WARNINGS)
 
 
-class Watches:
-    """kopf's watch streams, made to outlive a deleted CRD, and what they can watch now.
-
-    kopf ends the whole operator (exit code 1) when a watch stream answers 404: its
-    watcher raises APINotFoundError and the task that runs all watchers re-raises it.
-    That happens when a CRD is deleted and the watch reconnects before kopf's own CRD
-    observer has stopped it (the observer re-reads API discovery, which lags the
-    deletion). Each watcher here runs inside a loop instead: on a 404 it says so,
-    looks again every UNSERVED_RECHECK seconds, and watches again (a fresh list) when
-    the resource is served again; kopf's observer may stop it meanwhile (and starts a
-    new one when the CRD is back). The probe reports which of the operator's own
-    resources have no working watch (deleted, or never created), and stays 200: a
-    restart cannot bring a CRD back."""
-
-    def __init__(self) -> None:
-        self._state: dict[tuple[str, str | None], bool] = {}  # (plural.group, namespace) -> watching
-
-    def install(self) -> None:
-        """Wrap kopf's watcher (idempotent: once per process)."""
-        if kopf_queueing is None or not hasattr(kopf_queueing, "watcher"):
-            log.warning("kopf %s has no watcher where this operator expects it: a deleted CRD will end the "
-                        "process (exit 1) as it did before", getattr(kopf, "__version__", "?"))
-            return
-        current = kopf_queueing.watcher
-        if getattr(current, "__wrapped_by__", None) is self:
-            return
-        original = getattr(current, "__wrapped__", current)
-
-        async def watcher(*, resource, namespace, settings, **kwargs) -> None:
-            await self._watch(original, resource=resource, namespace=namespace, settings=settings, **kwargs)
-
-        watcher.__wrapped__ = original  # type: ignore[attr-defined]  # how install() knows its own
-        watcher.__wrapped_by__ = self  # type: ignore[attr-defined]
-        kopf_queueing.watcher = watcher
-
-    def unserved(self, names: tuple[str, ...] = OWN_RESOURCES) -> list[str]:
-        """Those of `names` that no watch stream is watching now."""
-        return [name for name in names if not any(on for (n, _), on in self._state.items() if n == name)]
-
-    async def _watch(self, original, *, resource, namespace, settings, **kwargs) -> None:
-        name = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
-        key = (name, namespace)
-        where = f"in namespace {namespace}" if namespace else "cluster-wide"
-        self._state[key] = True
-        try:
-            while True:
-                try:
-                    return await original(resource=resource, namespace=namespace, settings=settings, **kwargs)
-                except kopf_errors.APINotFoundError:
-                    self._state[key] = False
-                    log.warning("%s are not served (404: their CRD was deleted?); the operator keeps running "
-                                "and watches them again %s when they are back", name, where)
-                    await self._until_served(resource, namespace, settings)
-                    self._state[key] = True
-                    log.info("%s are served again: watching them %s", name, where)
-        finally:
-            self._state.pop(key, None)
-
-    async def _until_served(self, resource, namespace, settings) -> None:
-        url = resource.get_url(namespace=namespace, params={"limit": "1"})
-        while True:
-            await asyncio.sleep(UNSERVED_RECHECK)
-            try:
-                await kopf_api.get(url, settings=settings, logger=log)
-                return
-            except kopf_errors.APINotFoundError:
-                continue
-            except Exception as exc:  # an API server away: look again later
-                log.debug("looking for %s: %s", url, exc)
-
-
-WATCHES = Watches()
 
 
 def loop_watch(warn_after: float = LOOP_BLOCK_WARNING) -> LoopWatch:
@@ -206,6 +133,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     WATCHES.install()  # before kopf starts its watchers (after the startup handlers)
     settings.posting.level = logging.WARNING  # routine logs stay logs
     settings.posting.reporting_component = "effectmq-operator"
+    # Worker pods only, selected by the API server: kopf's `labels=` filter alone would
+    # stream every pod of the cluster to the operator and drop the others here.
+    settings.watching.label_selectors["v1", "pods"] = WORKER_POD_SELECTOR
     # A watch on a silently dead connection must not hang forever.
     settings.watching.server_timeout = 60
     settings.watching.client_timeout = 75
@@ -229,7 +159,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
                             lease_seconds=lease, renew_deadline=lease * 2 / 3, retry_period=lease / 7.5)
     running = Running(connections=connections, queues=queues,
                       schedules=ScheduleController(kube, connections, queues, namespaces=namespaces),
-                      elector=elector, loop_watch=loop_watch())
+                      elector=elector, loop_watch=loop_watch(), endings=WorkerEndings(queues, connections))
 
     def is_leader() -> bool:
         return elector.is_leader
@@ -240,23 +170,28 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
         asyncio.create_task(elector.run(), name="effectmq-leader"),
         asyncio.create_task(queues.run(is_leader), name="effectmq-queues"),
         asyncio.create_task(running.schedules.run(is_leader), name="effectmq-schedules"),
+        asyncio.create_task(running.endings.run(is_leader), name="effectmq-worker-endings"),
     ]
     memo.running = running
 
 
 @kopf.on.probe(id="effectmq")
 def probe(memo: kopf.Memo, **_) -> dict:
-    """Liveness: fails when a loop died or the Lease could not be reached for a whole lease
-    duration. A CRD that is missing is said (`unserved`), not failed on: a restart would not
-    bring it back, and the operator watches it again when it is re-created."""
+    """Liveness (and readiness, the chart probes both here): fails when a loop died, or the
+    leader election is stuck or refused (LeaderElector.problem). An API server that is down
+    does not fail it: the replica stops leading at its renew deadline, and a restart would
+    only delay its leading again once the server is back. A CRD that is missing is said
+    (`unserved`), not failed on: a restart would not bring it back, and the operator watches
+    it again when it is re-created."""
     running = running_of(memo)
     if running is None:
         raise kopf.TemporaryError("starting")
     dead = [t.get_name() for t in running.tasks if t.done()]
     if dead:
         raise kopf.PermanentError(f"loops stopped: {', '.join(dead)}")
-    if not running.elector.healthy():
-        raise kopf.PermanentError("the leader election cannot reach the API server")
+    problem = running.elector.problem()
+    if problem:
+        raise kopf.PermanentError(problem)
     return {"leader": running.elector.is_leader, "unserved": WATCHES.unserved()}
 
 
@@ -290,6 +225,11 @@ async def schedule_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY)
 async def deployment_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_) -> None:
     _running(memo).queues.observe_deployment(type, _plain(body))
+
+
+@kopf.on.event("v1", "pods", labels={**MANAGED_BY, QUEUE_LABEL: kopf.PRESENT})
+async def worker_pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_) -> None:
+    _running(memo).endings.observe(type, _plain(body))
 
 
 def _running(memo: kopf.Memo) -> Running:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from effectmq.metrics import LOOP_LAG_BUCKETS
+from effectmq.client.models import STALL_CAUSES
+from effectmq.worker.metrics import LOOP_LAG_BUCKETS
+from effectmq.worker.metrics import STALL_CAUSES as STALLS_BY_CAUSE  # effectmq_stalls_total, as the workers count it
 
 SCALE_DECISIONS = Counter("effectmq_operator_scale_decisions", "Replica changes made", ["queue", "direction"])
 DESIRED_REPLICAS = Gauge("effectmq_operator_desired_replicas", "Replicas the last decision asked for", ["queue"])
@@ -16,6 +18,8 @@ ACCEPTING_TASKS = Gauge("effectmq_operator_accepting_tasks",
                         "refused it (full at maxmemory, a failing RDB save, a read-only replica)", ["queue"])
 RECOVERED = Counter("effectmq_operator_leases_recovered", "Expired leases recovered by the operator's maintenance",
                     ["queue", "outcome"])
+WORKER_ENDINGS = Counter("effectmq_operator_worker_endings", "Worker pod endings (a container run or a pod that "
+                         "ended) recorded on their queue's Redis, by cause", ["queue", "cause"])
 RECONCILES = Counter("effectmq_operator_reconciles", "Queue reconciles finished", ["outcome"])
 OLDEST_RECONCILE = Gauge("effectmq_operator_oldest_reconcile_age_seconds",
                          "Seconds since the least recently reconciled Queue was last reconciled "
@@ -39,3 +43,9 @@ def record_maintenance(queue: str, report) -> None:
         RECOVERED.labels(queue, "recovered").inc(report.recovered)
     if report.stalled_failed:
         RECOVERED.labels(queue, "failed").inc(report.stalled_failed)
+    # The stalls this process recovered, by cause, in the workers' own counter: the alert and
+    # the dashboard sum it over every process, and a queue whose workers all died (OOMKilled)
+    # has its stalls recovered here only. Every cause's series exists from the first poll at
+    # 0, so increase() sees the first stalls too (a series born at 3 increases by nothing).
+    for cause in STALL_CAUSES:
+        STALLS_BY_CAUSE.labels(queue, cause).inc(report.stall_causes.get(cause, 0))

@@ -12,6 +12,11 @@ Used by the operator for Deployments and by the local runner for processes.
            the number of worker processes that still hold leases
   paused   down to minReplicas at once (busy workers are kept until they drain)
   cap      never above maxReplicas, nor ceil(maxActive / leases per replica) when maxActive is set
+  rate     while the queue's rate limit holds the backlog back, only the replicas its attempts
+           in flight occupy, plus one: the limit lets no more run at once (starts per second
+           times seconds per attempt), so more pods would only wait for it; with a rate limit
+           but no attempt in flight yet, one replica (what the limit allows is unknown); and
+           up one replica a decision, however large the backlog
   reason   describes the final decision, after every clamp, naming the bound that decided it
            (paused, maxReplicas, maxActive, minReplicas, work in flight) before the backlog
 """
@@ -35,6 +40,7 @@ class ScalingSpec:
     concurrency: int = 10
     paused: bool = False  # a paused queue needs only minReplicas (busy workers are kept until they drain)
     replica_cap: int | None = None  # from maxActive: more replicas than this would only idle
+    has_rate_limit: bool = False  # the queue limits its starts per period (spec.rateLimit)
 
     @property
     def upper(self) -> int:
@@ -52,6 +58,7 @@ class Observation:
     active: int
     current_replicas: int
     busy_workers: int = 0  # worker processes that announced attempts in flight
+    rate_limited: bool = False  # the queue's rate limit held starts back when this was read
 
 
 @dataclass(frozen=True)
@@ -68,10 +75,6 @@ class Decision:
     replicas: int
     reason: str
     state: ScalingState = field(default_factory=ScalingState)
-
-    @property
-    def changed(self) -> bool:
-        return self.reason.startswith("scale")
 
 
 def max_step_up(current: int) -> int:
@@ -94,6 +97,13 @@ def decide(spec: ScalingSpec, seen: Observation, state: ScalingState, now: float
                f"{spec.target_tasks_per_replica} per replica")
         if current == 0 and wanted > 0 and seen.active == 0 and seen.waiting < spec.activation_tasks:
             wanted, why = 0, f"{seen.waiting} waiting is below the activation threshold of {spec.activation_tasks}"
+        usable = math.ceil(seen.active / spec.concurrency) + 1
+        if spec.has_rate_limit and seen.active == 0 and wanted > 1:
+            wanted, why = 1, (f"{seen.waiting} waiting under a rate limit: one replica until attempts show what "
+                              "it allows")
+        elif seen.rate_limited and usable < wanted:
+            wanted, why = usable, (f"the rate limit holds {seen.waiting} waiting back: its {seen.active} attempts in "
+                                   f"flight fill {usable - 1} {'replica' if usable == 2 else 'replicas'}, plus one")
     floored = max(wanted, lo, in_flight_floor)
     target = min(floored, hi)
 
@@ -105,7 +115,9 @@ def decide(spec: ScalingSpec, seen: Observation, state: ScalingState, now: float
 
     waiting_for = ""
     if target > current:
-        replicas = min(target, max_step_up(current))
+        # Under a rate limit, one more at a time: how much of the limit the pods use shows
+        # only once they run (a pod just started has started few tasks in the window yet).
+        replicas = min(target, current + 1 if spec.has_rate_limit else max_step_up(current))
     elif stable < current:
         replicas = stable
         if (replicas == 0 and hi > 0 and last_demand_at is not None and now - last_demand_at < spec.cooldown

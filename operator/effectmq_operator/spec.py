@@ -11,20 +11,26 @@ from __future__ import annotations
 
 import builtins
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from effectmq import settings
+from effectmq.protocol import settings
 
 from .scaling import ScalingSpec
 
 # Schema defaults, minima and maxima of crds/queue.yaml by field path under spec, from
 # the settings table (the CRD is written from it too), plus the objects defaulted to {}.
 QUEUE_DEFAULTS: dict[str, Any] = {**settings.resource_defaults(), "retry": {}, "retention": {}, "scaling": {}}
-QUEUE_MINIMA: dict[str, int] = settings.resource_minima()
+QUEUE_MINIMA: dict[str, float] = settings.resource_minima()
 # Every interval is bounded, so a typo (pollIntervalSeconds: 2147483647) is refused
 # instead of silently never polling.
-QUEUE_MAXIMA: dict[str, int] = settings.resource_maxima()
+QUEUE_MAXIMA: dict[str, float] = settings.resource_maxima()
+
+# spec.worker.tracing.otlpEndpoint, as the CRD's pattern has it (the local runner reads
+# manifests that never went through the API server).
+MAX_ENDPOINT = 2048
+OTLP_ENDPOINT = re.compile(r"https?://[^\s,]+")
 
 # A Queue's name is the value of its worker pods' app.kubernetes.io/instance label.
 MAX_QUEUE_NAME = 63
@@ -67,18 +73,45 @@ PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
 
 @dataclass(frozen=True)
+class TracingSpec:
+    """spec.worker.tracing: the workers export their attempts' spans over OTLP/HTTP."""
+    otlp_endpoint: str
+    sample_ratio: float | None = None  # None: every trace the producer sampled (parent-based)
+    links: bool = False  # each attempt a trace of its own, linked to its creation context
+
+    @classmethod
+    def parse(cls, value: Any, where: str = "spec.worker.tracing") -> "TracingSpec | None":
+        if value is None:
+            return None
+        r = _Reader(value, where)
+        endpoint = r.str("otlpEndpoint")
+        if len(endpoint) > MAX_ENDPOINT or not OTLP_ENDPOINT.fullmatch(endpoint):
+            raise InvalidSpec(f"{where}.otlpEndpoint: an http:// or https:// URL of at most "
+                              f"{MAX_ENDPOINT} characters, got {endpoint[:80]!r}")
+        ratio = r.raw("sampleRatio")
+        if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float))
+                                  or not 0 <= ratio <= 1):
+            raise InvalidSpec(f"{where}.sampleRatio: a number from 0 to 1, got {ratio!r}")
+        links = r.raw("links")
+        if links is not None and not isinstance(links, bool):
+            raise InvalidSpec(f"{where}.links: must be true or false")
+        return cls(endpoint, None if ratio is None else float(ratio), bool(links))
+
+
+@dataclass(frozen=True)
 class WorkerSpec:
     image: str
     handlers: str
     concurrency: int = 10
     prefetch: int | None = None  # leases a pod holds ahead of its running attempts; None: the worker's auto
-    env: tuple[dict, ...] = ()
-    env_from: tuple[dict, ...] = ()  # core/v1 EnvFromSource, as written
+    env: tuple[dict[str, Any], ...] = ()
+    env_from: tuple[dict[str, Any], ...] = ()  # core/v1 EnvFromSource, as written
     image_pull_policy: str | None = None  # None: the kubelet's default for the image's tag
-    resources: dict = field(default_factory=dict)
+    resources: dict[str, Any] = field(default_factory=dict)
     termination_grace_seconds: int = 60
     progress_deadline_seconds: int = 600
-    pod_template: dict = field(default_factory=dict)  # core/v1 PodSpec fields, labels, annotations: as written
+    pod_template: dict[str, Any] = field(default_factory=dict)  # core/v1 PodSpec fields, labels, annotations
+    tracing: TracingSpec | None = None
 
 
 def leases_per_pod(worker: WorkerSpec | None) -> int:
@@ -101,9 +134,10 @@ class QueueSpec:
     lock_refresh: int = 10
     max_retries: int | None = None
     max_stalled_count: int = 1
-    retry: dict = field(default_factory=dict)
+    retry: dict[str, Any] = field(default_factory=dict)
     retention_completed: int = 86400
     retention_failed: int = 604800
+    rate_limit: tuple[int, float] | None = None  # (tasks, period seconds): starts allowed per window
 
     @property
     def replica_cap(self) -> int | None:
@@ -148,10 +182,15 @@ class QueueSpec:
                 termination_grace_seconds=w.int("terminationGracePeriodSeconds"),
                 progress_deadline_seconds=w.int("progressDeadlineSeconds"),
                 pod_template=_pod_template(w.raw("podTemplate")),
+                tracing=TracingSpec.parse(w.raw("tracing")),
             )
         sc = s.section("scaling")
         concurrency = leases_per_pod(worker)
         max_active = s.int("maxActive")
+        rate_limit = None
+        if s.raw("rateLimit") is not None:
+            rate = s.section("rateLimit")
+            rate_limit = (rate.int("tasks"), rate.number("periodSeconds"))
         scaling = ScalingSpec(
             min_replicas=sc.int("minReplicas"), max_replicas=sc.int("maxReplicas"),
             target_tasks_per_replica=sc.int("targetTasksPerReplica"),
@@ -159,6 +198,7 @@ class QueueSpec:
             scale_down_stabilization=float(sc.int("scaleDownStabilizationSeconds")),
             cooldown=float(sc.int("cooldownSeconds")), concurrency=concurrency, paused=s.bool("paused"),
             replica_cap=math.ceil(max_active / concurrency) if max_active > 0 else None,
+            has_rate_limit=rate_limit is not None,
         )
         if scaling.min_replicas > scaling.max_replicas:
             raise InvalidSpec("spec.scaling.minReplicas must be less than or equal to spec.scaling.maxReplicas")
@@ -173,10 +213,11 @@ class QueueSpec:
             max_retries=None if s.raw("maxRetries") is None else s.int("maxRetries"),
             max_stalled_count=s.int("maxStalledCount"), retry=s.section("retry").filled(),
             retention_completed=retention.int("completedSeconds"), retention_failed=retention.int("failedSeconds"),
+            rate_limit=rate_limit,
         )
 
 
-def _env_from(value: Any, where: str = "spec.worker.envFrom") -> tuple[dict, ...]:
+def _env_from(value: Any, where: str = "spec.worker.envFrom") -> tuple[dict[str, Any], ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(s, Mapping) for s in value):
@@ -197,7 +238,7 @@ _POD_STRINGS = ("priorityClassName", "serviceAccountName")
 _SPREAD_REQUIRED = ("maxSkew", "topologyKey", "whenUnsatisfiable")
 
 
-def _pod_template(value: Any, where: str = "spec.worker.podTemplate") -> dict:
+def _pod_template(value: Any, where: str = "spec.worker.podTemplate") -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -242,7 +283,7 @@ class _Reader:
         value = self.raw(key)
         return _Reader({} if value is None else value, f"{self.path}.{key}")
 
-    def filled(self) -> dict:
+    def filled(self) -> dict[str, Any]:
         """This section with its defaults filled in."""
         out = {k.rsplit(".", 1)[1]: v for k, v in QUEUE_DEFAULTS.items()
                if k.startswith(self.prefix + ".") and k.count(".") == self.prefix.count(".") + 1}
@@ -263,15 +304,24 @@ class _Reader:
             raise InvalidSpec(f"{self.path}.{key}: must be true or false")
         return value
 
-    def int(self, key: builtins.str, minimum: builtins.int | None = None) -> builtins.int:
+    def int(self, key: builtins.str, minimum: builtins.float | None = None) -> builtins.int:
         value = self.raw(key)
-        if minimum is None:
-            minimum = QUEUE_MINIMA.get(self._default_key(key), 0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
             raise InvalidSpec(f"{self.path}.{key}: must be an integer")
+        return int(self._bounded(key, value, minimum))
+
+    def number(self, key: builtins.str) -> float:
+        value = self.raw(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise InvalidSpec(f"{self.path}.{key}: must be a number")
+        return float(self._bounded(key, value, None))
+
+    def _bounded(self, key: builtins.str, value: float, minimum: float | None) -> float:
+        if minimum is None:
+            minimum = QUEUE_MINIMA.get(self._default_key(key), 0)
         if value < minimum:
             raise InvalidSpec(f"{self.path}.{key}: must be >= {minimum}")
         maximum = QUEUE_MAXIMA.get(self._default_key(key))
         if maximum is not None and value > maximum:
             raise InvalidSpec(f"{self.path}.{key}: must be <= {maximum}")
-        return int(value)
+        return value

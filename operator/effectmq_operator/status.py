@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
-
-MESSAGE_LIMIT = 1024  # characters of a condition's or an Event's message
+from .api import MESSAGE_LIMIT, Event
 
 
 def now_iso(now: datetime | None = None) -> str:
@@ -44,14 +43,7 @@ class Problem:
     permanent: bool = False
 
 
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
-
-def problem_event(problem: Problem | None, previous: Iterable[dict] = ()) -> Event | None:
+def problem_event(problem: Problem | None, previous: Iterable[dict[str, Any]] = ()) -> Event | None:
     """A Warning for a problem not reported yet, judged by Ready's reason (so a problem is
     posted once, not on every poll): a transient one once per outage, however its detail
     moves (a connection closed, then refused); a permanent one again when its message
@@ -65,7 +57,7 @@ def problem_event(problem: Problem | None, previous: Iterable[dict] = ()) -> Eve
     return Event("Warning", problem.reason, problem.message)
 
 
-def condition(check: Check, generation: int | None, previous: Iterable[dict] = (),
+def condition(check: Check, generation: int | None, previous: Iterable[dict[str, Any]] = (),
               now: datetime | None = None) -> dict[str, Any]:
     before = next((c for c in previous or () if c.get("type") == check.type), None)
     since = before.get("lastTransitionTime") if before and before.get("status") == check.status else None
@@ -76,7 +68,7 @@ def condition(check: Check, generation: int | None, previous: Iterable[dict] = (
 
 
 def conditions(checks: list[Check], problem: Problem | None, generation: int | None,
-               previous: Iterable[dict] = (), now: datetime | None = None) -> list[dict[str, Any]]:
+               previous: Iterable[dict[str, Any]] = (), now: datetime | None = None) -> list[dict[str, Any]]:
     """`Ready`, `Reconciling`, `Stalled` from the first problem, then the specific checks."""
     if problem is None:
         summary = [Check("Ready", "True", "Ready", "all checks pass"),
@@ -91,11 +83,11 @@ def conditions(checks: list[Check], problem: Problem | None, generation: int | N
     return [condition(c, generation, previous, now) for c in summary + checks]
 
 
-def _iso(value) -> str | None:
+def _iso(value: datetime | None) -> str | None:
     return value.strftime("%Y-%m-%dT%H:%M:%SZ") if value is not None else None
 
 
-def schedule_progress(state) -> dict[str, Any]:
+def schedule_progress(state: Any) -> dict[str, Any]:
     """Status fields mirrored from the scheduler's record of a schedule."""
     return {
         "lastTickTime": _iso(state.last_tick),

@@ -139,8 +139,8 @@ def parse(path: Path) -> Dockerfile:
 # The lock each image's build stage installs (tooling/lock.sh writes them), and the
 # extras of effectmq it holds the dependencies of.
 LOCKS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "operator": ("operator/requirements.lock", ("operator", "dashboard")),
-    "worker": ("worker_image/requirements.lock", ()),
+    "operator": ("operator/requirements.lock", ("operator", "dashboard", "otel")),
+    "worker": ("worker_image/requirements.lock", ("otel",)),
 }
 
 

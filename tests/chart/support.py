@@ -16,7 +16,8 @@ from typing import Iterable
 
 import yaml
 
-from tests.fixtures.kube import KubeControlPlane, unavailable
+from tests.fixtures.kube import unavailable
+from tooling.testbed.controlplane import KubeControlPlane
 from tests.fixtures.redis import free_port, require_binary
 from tests.support.operator import wait_for
 from tests.support.processes import ROOT, stop_process

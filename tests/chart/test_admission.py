@@ -1,4 +1,4 @@
-"""Admission (issue 36, Must show 1 and 2): the chart's ValidatingAdmissionPolicies,
+"""Admission: the chart's ValidatingAdmissionPolicies,
 on the test API server, confine what the operator's ServiceAccount and Queue authors
 may write, whatever RBAC grants them (requests made as them, by impersonation)."""
 
@@ -212,7 +212,7 @@ def test_a_queue_author_must_be_allowed_to_create_its_deployment(kube_control_pl
                      input=queue("q4", image=image, podTemplate={"serviceAccountName": "team-workers"}))
     assert listed.returncode == 0, listed.stderr
 
-    # Secrets the worker pods would read (issue 39: envFrom is a second way, beside env): the
+    # Secrets the worker pods would read (envFrom is a second way, beside env): the
     # author needs the right to create the Deployment, whose pods could read them anyway.
     for name, reads in (("q5", {"envFrom": [{"secretRef": {"name": "other-teams-secret"}}]}),
                         ("q6", {"env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {

@@ -1,9 +1,8 @@
-"""Issue 36, finding 3 and Must show 3, the chart's part: the bundled Redis
-(`redis.enabled=true`) had no password, `protected-mode no`, `bind *` and no
-NetworkPolicy. Now it has a password from a generated (or existing) Secret that no
-other rendered manifest shows, kept across upgrades; its container's own command,
-run here on loopback, refuses a client without it; everything of the chart that
-talks to it authenticates. Also the schema's "no credentials" check of
+"""The bundled Redis (`redis.enabled=true`) is protected, the chart's part. It had no
+password, `protected-mode no`, `bind *` and no NetworkPolicy. Now it has a password
+from a generated (or existing) Secret that no other rendered manifest shows, kept
+across upgrades; its container's own command, run here on loopback, refuses a client
+without it; everything of the chart that talks to it authenticates. Also the schema's "no credentials" check of
 dashboard.redis.url, held against the runtime's notion of a credential."""
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import pytest
 import redis as redis_client
 import yaml
 
-from effectmq.redaction import url_secrets
+from effectmq.transport.redaction import url_secrets
 from tests.chart.support import (CHART, FULLNAME, RELEASE, ContainerRedis, assert_redis_url_from_secret_file, docs,
                                  find, get_object, helm_template, render)
 from tests.support.processes import ROOT
@@ -55,7 +54,7 @@ def the_redis(objects: list[dict]) -> tuple[dict, dict]:
 
 
 def test_the_password_appears_in_no_manifest_but_its_secret(kube_control_plane):
-    """Must show 3: with the bundled Redis (and every part that talks to it) on, the
+    """With the bundled Redis (and every part that talks to it) on, the
     generated password is in the Secret's data and nowhere else."""
     rendered = helm_template(kube_control_plane, NAMESPACE, *ON).stdout
     objects = docs(rendered)
@@ -90,7 +89,7 @@ def test_the_redis_config_protects_and_includes_the_password(kube_control_plane)
 
 
 def test_an_unauthenticated_client_is_refused_by_the_rendered_redis(kube_control_plane, tmp_path):
-    """Must show 3: the StatefulSet's own command, run on loopback with the rendered
+    """The StatefulSet's own command, run on loopback with the rendered
     redis.conf and the Secret's file, refuses PING without the password (NOAUTH); the
     Secret's URL works, and so does the container's readiness probe."""
     objects = render(kube_control_plane, NAMESPACE, "--set", "redis.enabled=true")
@@ -233,7 +232,7 @@ def schema_of_dashboard_url() -> dict:
 
 @pytest.mark.parametrize("url,secret", URLS, ids=[u for u, _ in URLS])
 def test_the_schema_refuses_exactly_the_urls_the_runtime_finds_a_secret_in(url, secret):
-    assert bool(url_secrets(url)) is secret  # the runtime's notion (effectmq.redaction)
+    assert bool(url_secrets(url)) is secret  # the runtime's notion (effectmq.transport.redaction)
     valid = jsonschema.Draft7Validator(schema_of_dashboard_url()).is_valid(url)
     assert valid is not secret, f"{url}: the schema {'accepts' if valid else 'refuses'} it"
 

@@ -30,6 +30,8 @@ VALUE_SETS = {
     "no-persistence": ["--set", "redis.enabled=true", "--set", "redis.persistence.enabled=false",
                        "--set", "tests.enabled=false"],
     "digest": ["--set", "image.digest=sha256:" + "a" * 64, "--set", "replicaCount=2", "--set", "verbose=true"],
+    "tracing": ["--set", "tracing.otlpEndpoint=http://otel-collector.observability:4318",
+                "--set", "tracing.sampleRatio=0.5"],
 }
 
 
@@ -114,7 +116,7 @@ def _present(plane, objects: list[dict], namespace: str) -> dict[tuple, dict | N
 
 
 def _upgrade_crds_as_documented(plane, tmp_path) -> None:
-    """README, "CRD upgrades": the documented command updates CRDs that Helm created
+    """The chart README, "CRD upgrades": the documented command updates CRDs that Helm created
     (and the plain server-side apply meets Helm's field ownership, hence the flag)."""
     upgraded = tmp_path / "crds"
     upgraded.mkdir()
@@ -221,7 +223,7 @@ def test_install_upgrade_uninstall(kube_control_plane, make_namespace, tmp_path)
 
 
 def test_a_lease_the_operator_made_is_adopted_with_take_ownership(kube_control_plane, make_namespace, effectmq_crds):
-    """README, "CRD upgrades": a release from before the chart owned its Lease has one
+    """The chart README, "CRD upgrades": a release from before the chart owned its Lease has one
     the operator created; Helm refuses to take it silently and adopts it with
     --take-ownership, after which uninstall removes it."""
     plane = kube_control_plane
@@ -330,6 +332,9 @@ BAD_VALUES = [
     ("image.digest=sha256:xyz", "/image/digest", "does not match pattern"),
     ("serviceAccount.create=false", "/serviceAccount/name", "minLength"),
     ("leaderElection.leaseDurationSeconds=1", "/leaderElection/leaseDurationSeconds", "minimum"),
+    ("tracing.otlpEndpoint=collector:4318", "/tracing/otlpEndpoint", "does not match pattern"),
+    ("tracing.sampleRatio=2", "/tracing/sampleRatio", "maximum"),
+    ("tracing.sampleRatio=1.5", "/tracing/sampleRatio", "does not match pattern"),
 ]
 
 
@@ -351,3 +356,23 @@ def test_template_rejects_equal_ports(kube_control_plane):
     result = plane.helm("template", RELEASE, str(CHART), "--set", "metrics.port=8080", check=False)
     assert result.returncode != 0 and message in result.stderr, result.stderr
     assert message in plane.helm("lint", str(CHART), "--set", "metrics.port=8080", check=False).stderr
+
+
+def test_the_operator_exports_traces_only_when_given_an_endpoint(kube_control_plane):
+    plane = kube_control_plane
+
+    def operator_env(*values: str) -> dict:
+        rendered = helm_template(plane, "effectmq", *values).stdout
+        deployment = find(docs(rendered), "Deployment", FULLNAME)
+        return {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    assert not [name for name in operator_env() if name.startswith("OTEL_")]
+    env = operator_env(*VALUE_SETS["tracing"])
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == "http://otel-collector.observability:4318"
+    assert (env["OTEL_TRACES_SAMPLER"]["value"], env["OTEL_TRACES_SAMPLER_ARG"]["value"]) == (
+        "parentbased_traceidratio", "0.5")
+    names = list(env)  # the kubelet expands $(VAR) only from variables defined before it
+    assert names.index("POD_NAMESPACE") < names.index("OTEL_RESOURCE_ATTRIBUTES")
+    assert names.index("POD_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES")
+    every = operator_env("--set", "tracing.otlpEndpoint=https://c:4318")
+    assert "OTEL_TRACES_SAMPLER" not in every and every["OTEL_SERVICE_NAME"]["value"] == "effectmq-operator"

@@ -1,4 +1,4 @@
-"""Issue 36, finding 9, the chart's part: it allowed a LoadBalancer or NodePort Service
+"""The dashboard's exposure, the chart's part: it allowed a LoadBalancer or NodePort Service
 for the dashboard, whose reads need no token, so anyone who reached a node or the load
 balancer read every queue. Now such a Service needs a read token; the dashboard answers
 to its Service's names (and those allowed) only; and the rendered command line is the
@@ -80,6 +80,14 @@ def test_the_dashboard_answers_to_its_service_names_and_those_allowed(kube_contr
                                 "--set", "dashboard.behindTLS=true")
     assert values_of(container["args"], "--allowed-host") == names + ["queues.example.com"]
     assert "--behind-tls" in container["args"]
+
+
+
+def test_the_dashboard_trusts_the_proxies_it_is_given(kube_control_plane):
+    _, container, _ = dashboard(kube_control_plane)
+    assert "--trusted-proxy" not in container["args"]
+    _, container, _ = dashboard(kube_control_plane, "--set", "dashboard.trustedProxies={10.244.0.0/16,192.0.2.7}")
+    assert values_of(container["args"], "--trusted-proxy") == ["10.244.0.0/16", "192.0.2.7"]
 
 
 def get(url: str, host: str | None = None) -> int:

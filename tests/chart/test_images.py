@@ -143,7 +143,7 @@ def test_worker_image_runs_effectmq_under_tini_as_pid1():
 
 
 # --------------------------------------------------------------------------
-# Python dependencies pinned with hashes (issue 36, finding 13)
+# Python dependencies pinned with hashes
 
 LOCKED = {OPERATOR: "operator", WORKER: "worker"}  # Dockerfile -> image (dockerfile.LOCKS)
 LOCK_COMMAND = "bash tooling/lock.sh"
@@ -251,7 +251,7 @@ def test_images_sh_hashes_every_file_a_build_copies():
 
 
 # --------------------------------------------------------------------------
-# Must show 4: the worker image's entrypoint processes the example tasks
+# The worker image's entrypoint processes the example tasks
 
 
 class ImageRoot:
@@ -417,7 +417,7 @@ def image_files(archive: Path) -> set[str]:
 def test_the_images_carry_the_license(image):
     """Apache-2.0 asks that whoever receives the work gets a copy of the license: the
     effectmq package in each image carries it (PEP 639: dist-info/licenses/LICENSE)."""
-    (archive,) = [a for a in built_images() if a.stem == image]
+    (archive,) = [a for a in built_images() if a.parent.name == image]
     licenses = [name for name in image_files(archive)
                 if re.search(r"site-packages/effectmq-[^/]+\.dist-info/licenses/LICENSE$", name)]
     assert licenses, f"no LICENSE in the effectmq package of {archive}"

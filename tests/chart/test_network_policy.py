@@ -1,5 +1,5 @@
-"""Issue 36, findings 3 and 10: the chart had no NetworkPolicy, and the bundled Redis
-answered every pod of the cluster. This test cluster's network enforces no policies
+"""The chart's NetworkPolicies (it had none, and the bundled Redis
+answered every pod of the cluster). This test cluster's network enforces no policies
 (see the chart README, "NetworkPolicies"), so the policies are checked where they can
 be: installed into a real API server, which validates and stores them, and then each
 stored policy's selectors evaluated, by the rules of the NetworkPolicy API, against

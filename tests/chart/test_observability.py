@@ -45,12 +45,12 @@ WITH_ACTIONS = ["--set", "dashboard.actions.enabled=true", "--set", "dashboard.a
 ALERTS = {"EffectMQOldestWaitingHigh", "EffectMQStallRateHigh", "EffectMQDeadLettersGrowing",
           "EffectMQMaintenanceLagging", "EffectMQWorkerEventLoopBlocked", "EffectMQOperatorEventLoopBlocked",
           "EffectMQOperatorPollErrors",
-          "EffectMQRedisRefusesWrites"}
+          "EffectMQRedisRefusesWrites", "EffectMQStallsClustering"}
 OPERATOR_ALERTS = {"EffectMQOperatorEventLoopBlocked"}  # about an operator pod, not a queue
-# What users look for on a queue dashboard (issue 16): one panel each, by title.
+# What users look for on a queue dashboard: one panel each, by title.
 PANELS = {"Backlog per state", "Throughput", "Failure rate", "Oldest waiting age", "Stalls recovered",
           "Lease losses", "Attempt duration percentiles", "In flight", "Worker Redis readiness",
-          "Maintenance age", "Event loop lag", "Operator poll errors", "Desired replicas"}
+          "Maintenance age", "Event loop lag", "Operator poll errors", "Desired replicas", "Stalls by cause"}
 
 
 # --------------------------------------------------------------------------
@@ -79,7 +79,7 @@ SCRAPE = textwrap.dedent("""
     import json, urllib.request
     from prometheus_client.metrics import MetricWrapperBase
     from prometheus_client.parser import text_string_to_metric_families
-    import effectmq.metrics as worker_metrics
+    import effectmq.worker.metrics as worker_metrics
     import effectmq_operator.metrics as operator_metrics
 
     for module in (worker_metrics, operator_metrics):
@@ -499,6 +499,24 @@ def test_prometheus_rule_loads_in_prometheus_with_the_alerts_users_expect(promql
     assert len(report["expressions"]) == len(ALERTS)
 
 
+def test_stalls_clustering_alert_fires_where_the_queue_condition_turns_stalling(promql, kube_control_plane,
+                                                                                tmp_path):
+    """EffectMQStallsClustering counts a queue's stalls of one cause over the window and
+    the count with which the operator sets a Queue's Stalling condition (stalls.py; the
+    condition counts every cause and names the dominant one), so the alert and `kubectl
+    describe queue` tell the same story."""
+    from effectmq_operator import stalls
+
+    rule = find(render(kube_control_plane, "obs", "--set", "prometheusRule.enabled=true"), "PrometheusRule")
+    code, report = promql("rules", rule_file(rule, tmp_path))
+    assert code == 0, report["problems"]
+    alert = {r["alert"]: r for r in report["rules"]}["EffectMQStallsClustering"]
+    assert alert["expr"] == (f"sum by (queue, cause) (increase(effectmq_stalls_total[{stalls.WINDOW_SECONDS // 60}m]))"
+                             f" >= {stalls.CLUSTER}"), alert["expr"]
+    assert "{{ $labels.cause }}" in alert["annotations"]["summary"]
+    assert "worker.resources.limits.memory" in alert["annotations"]["description"]
+
+
 def test_alert_thresholds_windows_and_severities_are_values(promql, kube_control_plane, tmp_path):
     args = ["--set", "prometheusRule.enabled=true",
             "--set", "prometheusRule.alerts.oldestWaiting.seconds=123",
@@ -507,6 +525,8 @@ def test_alert_thresholds_windows_and_severities_are_values(promql, kube_control
             "--set-json", "prometheusRule.alerts.stallRate.perMinute=2.5",  # --set makes 2.5 a string
             "--set", "prometheusRule.alerts.stallRate.window=20m",
             "--set", "prometheusRule.alerts.deadLettersGrowing.increase=7",
+            "--set", "prometheusRule.alerts.stallsClustering.stalls=5",
+            "--set", "prometheusRule.alerts.stallsClustering.window=30m",
             "--set", "prometheusRule.alerts.maintenanceLagging.enabled=false",
             "--set", "prometheusRule.additionalLabels.team=payments"]
     rule = find(render(kube_control_plane, "obs", *args), "PrometheusRule")
@@ -519,6 +539,7 @@ def test_alert_thresholds_windows_and_severities_are_values(promql, kube_control
     assert rules["EffectMQStallRateHigh"]["expr"].endswith("> 2.5")
     assert "[20m]" in rules["EffectMQStallRateHigh"]["expr"]
     assert rules["EffectMQDeadLettersGrowing"]["expr"].endswith("> 7")
+    assert rules["EffectMQStallsClustering"]["expr"].endswith("[30m])) >= 5")
     assert all(r["labels"]["team"] == "payments" for r in rules.values())
 
 
@@ -526,6 +547,9 @@ def test_the_schema_refuses_a_bad_alert_duration(kube_control_plane):
     result = helm_template(kube_control_plane, "obs", "--set", "prometheusRule.enabled=true",
                            "--set", "prometheusRule.alerts.stallRate.window=ten minutes", check=False)
     assert result.returncode != 0 and "/prometheusRule/alerts/stallRate/window" in result.stderr, result.stderr
+    result = helm_template(kube_control_plane, "obs", "--set", "prometheusRule.enabled=true",
+                           "--set", "prometheusRule.alerts.stallsClustering.stalls=0", check=False)
+    assert result.returncode != 0 and "/prometheusRule/alerts/stallsClustering/stalls" in result.stderr, result.stderr
 
 
 # --------------------------------------------------------------------------

@@ -31,7 +31,7 @@ SERVED = {
     "queues.effectmq.io/status": ["patch"],
     "schedules.effectmq.io/status": ["patch"],
     "deployments.apps": ["list", "watch", "create", "patch", "delete"],
-    "pods": ["list", "patch"],
+    "pods": ["list", "watch", "patch"],
     "secrets": ["get"],
     "events": ["create", "patch"],
 }
@@ -75,7 +75,7 @@ def test_cluster_wide_operator_under_the_chart_service_account(kube_control_plan
     baseline = sa_user(system, "nobody")
     assert granted(plane, sa_user(system), shop, baseline) == expand(SERVED) | expand(CRDS)
     assert granted(plane, sa_user(system), system, baseline) == expand(SERVED) | expand(CRDS) | LEADER
-    # Secrets: only by name, never listed or watched (issue 36).
+    # Secrets: only by name, never listed or watched.
     for verb in ("list", "watch"):
         answer = plane.kubectl("auth", "can-i", verb, "secrets", "--all-namespaces", f"--as={sa_user(system)}",
                                check=False)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.fixtures.cluster import NodeNetwork
+from tooling.testbed.cluster import NodeNetwork
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("CI") != "true" and (os.geteuid() != 0 or shutil.which("ip") is None),

@@ -103,7 +103,7 @@ async def browser() -> AsyncIterator:
 
 @pytest.fixture
 def screenshot_dir(tmp_path) -> Path:
-    """docs/screenshots when EFFECTMQ_UPDATE_SCREENSHOTS=1 (what the README shows), else tmp_path."""
+    """docs/screenshots when EFFECTMQ_UPDATE_SCREENSHOTS=1 (what docs/dashboard.md shows), else tmp_path."""
     if os.environ.get("EFFECTMQ_UPDATE_SCREENSHOTS") == "1":
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         return SCREENSHOTS

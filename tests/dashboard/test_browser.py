@@ -1,4 +1,4 @@
-"""Issue 16, must show 1 and 4: a real browser (Debian's Chromium through Playwright)
+"""A real browser (Debian's Chromium through Playwright)
 against the real dashboard and a real redis-server."""
 
 from __future__ import annotations

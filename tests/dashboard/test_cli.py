@@ -54,7 +54,7 @@ def test_actions_without_a_token_is_a_startup_error(tmp_path):
 
 
 def test_a_short_token_is_a_startup_error(tmp_path):
-    """Issue 36 (Low): a one-character token was accepted."""
+    """A token shorter than 16 characters is refused at startup (a one-character one was accepted)."""
     (tmp_path / "short").write_text("x\n")
     done = run("--url", "redis://127.0.0.1:1/0", "--actions", "--token-file", str(tmp_path / "short"))
     assert done.returncode == 2 and "at least 16 characters" in done.stderr, done.stderr
@@ -77,7 +77,7 @@ def run_briefly(*args: str, **extra: str) -> subprocess.CompletedProcess | None:
 
 
 def test_a_non_loopback_bind_without_a_read_token_is_refused(tmp_path, redis_url):
-    """Issue 36, finding 9: `--host 0.0.0.0` started silently, every queue readable by
+    """Was: `--host 0.0.0.0` started silently, every queue readable by
     anyone who reaches the port. Now it needs a read token, or the explicit
     --unauthenticated-reads (said loudly in the log)."""
     for host in ("0.0.0.0", "::", "10.1.2.3"):
@@ -164,7 +164,7 @@ async def test_probes_and_a_redis_outage(make_redis, tmp_path, browser):
 
 
 def test_no_answer_of_the_process_names_a_version(tmp_path, redis_url):
-    """Issue 36 (Low): `Server: Python/3.11 aiohttp/3.x`, also on the answers aiohttp's own
+    """Was: `Server: Python/3.11 aiohttp/3.x`, also on the answers aiohttp's own
     parser gives to malformed requests (test_exposure covers those of the app)."""
     import socket
 
@@ -188,12 +188,12 @@ def test_startup_errors_have_the_one_prefix_of_effectmq():
 
 
 async def test_the_schedules_of_every_scheduler_namespace_are_shown(tmp_path, redis_url):
-    """Issue 39: the chart's dashboard showed no schedules: the operator keeps them under
+    """Was: the chart's dashboard showed no schedules: the operator keeps them under
     scheduler namespace `k8s`, the dashboard looked in `default` only."""
     import json
 
     from effectmq.scheduler import Scheduler, ScheduleSpec
-    from effectmq_operator.connections import SCHEDULER_NAMESPACE as OPERATOR_NAMESPACE
+    from effectmq_operator.redis_pool import SCHEDULER_NAMESPACE as OPERATOR_NAMESPACE
 
     for namespace, schedule_id in ((OPERATOR_NAMESPACE, "shop/nightly"), ("default", "by-hand"),
                                    ("other", "by-hand")):

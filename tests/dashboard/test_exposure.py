@@ -1,6 +1,6 @@
-"""Issue 36: who can reach the dashboard and what a visitor can make it do, each
-against a running dashboard over HTTP (finding 5, the open redirect; finding 9, no
-read authentication and any Host header; the Low list's session cookie, sign-in
+"""Who can reach the dashboard and what a visitor can make it do, each
+against a running dashboard over HTTP (the open redirect; no read
+authentication and any Host header; the session cookie, sign-in
 without a rate limit or a minimum token length, logout from another site, and the
 `Server` header naming versions)."""
 
@@ -46,7 +46,7 @@ async def sign_in(http: aiohttp.ClientSession, dash, token: str, **headers: str)
         return r
 
 
-# -- finding 5: sign-in sends people back to this dashboard only ------------------------------
+# -- sign-in sends people back to this dashboard only ---------------------------------------
 
 OFF_SITE = ["/\t/evil.example", "/\r\n/evil.example", "/\n/evil.example", "/\r/evil.example", "/\x00/evil.example",
             "/\x0b/evil.example", "/\x7f/evil.example", "\t//evil.example", "/\\evil.example", "//evil.example",
@@ -76,7 +76,7 @@ async def test_sign_in_keeps_a_local_next(redis_url, start_dashboard):
             assert (r.status, r.headers["Location"]) == (303, "/queues/emails?state=failed")
 
 
-# -- finding 9: the Host header, read authentication -------------------------------------------
+# -- the Host header, read authentication ----------------------------------------------------
 
 async def test_only_allowed_host_names_are_answered(redis_url, start_dashboard):
     """DNS rebinding: a page of evil.example whose name now points at 127.0.0.1 reads the
@@ -240,6 +240,33 @@ async def test_bearer_guesses_are_rate_limited(redis_url, start_dashboard):
             async with http.get(dash.url("/api/queues"), headers={"Authorization": f"Bearer guess-{i}"}) as r:
                 statuses.append(r.status)
         assert statuses == [401] * 10 + [429]
+
+
+async def test_behind_a_trusted_proxy_each_client_has_its_own_sign_in_budget(redis_url, start_dashboard):
+    """Behind an ingress every request comes from the proxy's address: with the proxy
+    trusted, the client is the address it forwards (X-Forwarded-For, read from the right),
+    so one client's guesses do not lock every user out, and a client cannot escape its own
+    limit by writing the header itself."""
+    dash = await start_dashboard(redis_url, actions=True, trusted_proxies=("127.0.0.0/8",))
+    async with aiohttp.ClientSession() as http:
+        async def sign_in_as(client: str, token: str, spoofed: str | None = None) -> int:
+            forwarded = f"{spoofed}, {client}" if spoofed else client
+            return (await sign_in(http, dash, token, **{"X-Forwarded-For": forwarded})).status
+
+        assert [await sign_in_as("203.0.113.7", f"guess-{i:04d}-xxxxxxxx") for i in range(10)] == [401] * 10
+        assert await sign_in_as("203.0.113.7", TOKEN) == 429
+        assert await sign_in_as("203.0.113.7", TOKEN, spoofed="198.51.100.1") == 429  # its own header changes nothing
+        assert await sign_in_as("198.51.100.9", TOKEN) == 303  # another user signs in
+
+
+async def test_forwarded_addresses_are_ignored_unless_the_proxy_is_trusted(redis_url, start_dashboard):
+    dash = await start_dashboard(redis_url, actions=True, trusted_proxies=("10.0.0.0/8",))
+    async with aiohttp.ClientSession() as http:
+        guesses = [await sign_in(http, dash, f"guess-{i:04d}-xxxxxxxx", **{"X-Forwarded-For": f"203.0.113.{i}"})
+                   for i in range(10)]
+        assert [r.status for r in guesses] == [401] * 10
+        refused = await sign_in(http, dash, TOKEN, **{"X-Forwarded-For": "198.51.100.9"})
+        assert refused.status == 429  # 127.0.0.1 is not a trusted proxy: the header is the client's own
 
 
 @pytest.mark.parametrize("field", ["token", "read_token"])

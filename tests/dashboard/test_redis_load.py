@@ -1,9 +1,9 @@
-"""Issue 36: what a visitor's requests cost the workers' Redis, and records that made
+"""What a visitor's requests cost the workers' Redis, and records that made
 pages fail, each against a running dashboard over HTTP and a private redis-server
 whose own counters (INFO commandstats, INFO stats) say what the dashboard sent
-(finding 6, discovery SCANs on demand; finding 7, whole records read for a list; the
-Low list's non-UTF-8 key, nested-JSON record, 60 concurrent requests, offsets beyond
-int64, `--queue` and schedules, and the writes of a read-only dashboard)."""
+(discovery SCANs on demand; whole records read for a list; a non-UTF-8 key, a
+nested-JSON record, 60 concurrent requests, offsets beyond int64, `--queue` and
+schedules, and the writes of a read-only dashboard)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ async def get(http: aiohttp.ClientSession, url: str) -> tuple[int, str]:
         return r.status, await r.text()
 
 
-# -- finding 6: discovery --------------------------------------------------------------------------
+# -- discovery -----------------------------------------------------------------------------------
 
 async def test_discovery_is_single_flight_and_never_asked_for_by_a_visitor(make_redis, start_dashboard):
     server = make_redis()
@@ -63,7 +63,7 @@ async def test_discovery_is_single_flight_and_never_asked_for_by_a_visitor(make_
         assert calls(server, "scan") == before
 
 
-# -- finding 7: a list reads the fields it shows -------------------------------------------------
+# -- a list reads the fields it shows ----------------------------------------------------------
 
 async def test_a_list_page_reads_only_the_fields_it_shows(make_redis, start_dashboard):
     server = make_redis()

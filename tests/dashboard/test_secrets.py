@@ -1,4 +1,4 @@
-"""Issue 16, must show 3: a password planted in the Redis URL and a queue marked
+"""A password planted in the Redis URL and a queue marked
 sensitive; neither the password nor the sensitive values appear in any answer of any
 route the dashboard serves (every GET route is crawled, each action answered once,
 and the pages while Redis is unreachable)."""
@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from effectmq import App, TaskError, TaskQueue
-from effectmq.keys import INDEXES
+from effectmq.protocol.keys import INDEXES
 from effectmq.scheduler import Scheduler, ScheduleSpec
 from tests.support.inprocess import make_worker, running, settled
 
@@ -144,7 +144,7 @@ async def test_no_password_and_no_sensitive_value_in_any_answer(make_redis, star
 
 
 async def test_request_input_is_never_scrubbed(make_redis, start_dashboard):
-    """Issue 36, finding 4: the dashboard scrubbed every answer of the Redis password
+    """Was: the dashboard scrubbed every answer of the Redis password
     and the token, so `?search=aaa+<guess>` came back as "aaa ***" exactly when the
     guess was right: many guesses per request, no rate limit. Text from the request
     is shown as sent: a right guess and a wrong one of the same length answer alike."""
@@ -189,7 +189,7 @@ class CardDeclined(TaskError):
 
 
 async def test_a_sensitive_queue_hides_messages_built_from_payload_values(redis_url, start_dashboard):
-    """Issue 36, finding 8: the schema check quoted the value (`'4111-...' is not of type
+    """Was: the schema check quoted the value (`'4111-...' is not of type
     'integer'`) and the dashboard showed it on a queue marked sensitive. Run by a real
     worker: a schema violation, a Python exception and a typed error, each quoting the card."""
     app = App("cards", url=redis_url)

@@ -13,7 +13,7 @@ import redis
 import redis.asyncio as aioredis
 
 from effectmq import TaskQueue
-from effectmq.discovery import discover_queues
+from effectmq.client.discovery import discover_queues
 from tests.fixtures.redis import free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -201,3 +201,38 @@ async def test_on_a_replica_the_events_it_cannot_ask_for_are_logged_once(make_re
             await asyncio.sleep(0.05)
         else:
             raise AssertionError("the recovery was not logged")
+
+
+async def test_the_poison_filter_lists_tasks_that_killed_their_workers_pod_twice(redis_url, start_dashboard):
+    from effectmq import PodIdentity, WorkerEnding
+    from effectmq.transport.clock import server_time_ms
+
+    pod = PodIdentity("emails-worker-7d9f-x2", "uid-1", "n1")
+    async with TaskQueue("emails", url=redis_url, lock_timeout=0.05) as q:
+        await q.offer("job", {}, task_id="bomb", max_stalled_count=5)
+        for _ in range(2):  # each attempt's pod is OOMKilled
+            await q.worker_beat("w", 1, 1, 60, pod=pod)
+            lease = await q.acquire()
+            assert lease.task_id == "bomb"
+            await q.record_worker_ending(WorkerEnding(pod.name, pod.uid, pod.node, "oom_killed", 137,
+                                                      finished_at_ms=await server_time_ms(q.redis, q.keys.base)))
+            await asyncio.sleep(0.1)
+            assert (await q.maintain()).stall_causes == {"oom_killed": 1}
+        await q.offer("job", {}, task_id="fine")
+    dash = await start_dashboard(redis_url)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(dash.url("/api/queues/emails?state=poison")) as r:
+            listing = await r.json()
+        assert [t["task_id"] for t in listing["tasks"]] == ["bomb"]
+        assert listing["queue"]["poison"] == 1 and listing["page"]["total"] == 1
+        async with http.get(dash.url("/queues/emails?state=poison")) as r:
+            page = await r.text()
+        assert 'href="/queues/emails?state=poison"' in page and "bomb" in page and "fine" not in page
+        async with http.get(dash.url("/api/queues/emails/tasks/bomb")) as r:
+            task = (await r.json())["task"]
+        assert task["poison"] is True and [a["cause_text"] for a in task["attempt_rows"][:2]] == [
+            "pod emails-worker-7d9f-x2 OOMKilled (exit 137) on node n1"] * 2
+        async with http.get(dash.url("/queues/emails/tasks/bomb")) as r:
+            page = await r.text()
+        assert "stalled: pod emails-worker-7d9f-x2 OOMKilled (exit 137) on node n1" in page
+        assert '<span class="badge poison">poison</span>' in page

@@ -7,10 +7,10 @@ from datetime import datetime, timezone
 import pytest
 
 from effectmq.dashboard import auth, views
-from effectmq.discovery import queue_name_of
+from effectmq.client.discovery import queue_name_of
 from effectmq.errors import STALLED, ErrorInfo
-from effectmq.models import AttemptRecord, QueueStats, TaskInfo, ThroughputPoint
-from effectmq.protocol import RawFields
+from effectmq.client.models import AttemptRecord, QueueStats, TaskInfo, ThroughputPoint, parse_task
+from effectmq.protocol.protocol import RawFields
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -61,10 +61,12 @@ def test_sensitive_task_shows_no_values_and_no_messages_but_its_error_tags():
 def test_a_record_nested_too_deeply_is_reported_not_raised():
     deep = "[" * 100_000 + "]" * 100_000
     fields = RawFields({"name": "job", "state": "waiting", "payload": deep, "result": "[1]", "attempt": "0",
-                        "error": '{"tag": "X", "message": "m", "data": ' + deep + "}"})
-    info = views.parse_record("t1", fields)
-    assert info.payload is None and info.result == [1] and info.error is None
-    assert info.corrupt == "stored payload is nested too deeply to read; stored error is nested too deeply to read"
+                        "error": '{"tag": "X", "message": "m", "data": ' + deep + "}", "progress": deep,
+                        "options": deep, "attempts": deep})
+    info = parse_task("t1", fields)
+    assert info.result == [1] and info.error is None and info.attempts == []  # the rest kept as text
+    for name in ("payload", "error", "progress", "options", "attempts"):
+        assert f"stored {name} is nested too deep to decode" in info.corrupt
     nested: list = []
     for _ in range(150):
         nested = [nested]
@@ -86,6 +88,28 @@ def test_attempt_rows_add_the_current_attempt_once():
     assert views.task_detail(task(state="waiting", attempt=0, error=None), sensitive=False)["attempt_rows"] == []
 
 
+def test_a_stalls_cause_is_shown_on_sensitive_queues_too_and_poison_is_named():
+    oom = {"kind": "oom_killed", "pod": "emails-worker-7d9f-x2", "node": "n1", "exit_code": 137}
+    stalled = task(state="waiting", attempt=2, error=None, pod_kills=2, attempts=[
+        AttemptRecord(1, "stalled", ErrorInfo(STALLED, "lease expired"), T0, oom),
+        AttemptRecord(2, "stalled", ErrorInfo(STALLED, "lease expired"), T0, {"kind": "unknown",
+                                                                              "heartbeat_age_ms": 41_200})])
+    for sensitive in (False, True):
+        shown = views.task_detail(stalled, sensitive=sensitive)
+        assert [r["cause_text"] for r in shown["attempt_rows"]] == [
+            "pod emails-worker-7d9f-x2 OOMKilled (exit 137) on node n1", "cause unknown (last heartbeat 41 s before)"]
+        assert shown["poison"] is True and shown["pod_kills"] == 2
+    assert views.task_detail(task(pod_kills=1), sensitive=False)["poison"] is False
+    failed = task(attempts=[AttemptRecord(1, "failed", ErrorInfo("A"), T0)])
+    assert "cause_text" not in views.task_detail(failed, sensitive=False)["attempt_rows"][0]
+
+
+def test_the_poison_list_is_a_listing_of_its_own():
+    assert views.parse_listing({"state": "poison"}) == ("poison", 0, views.DEFAULT_PAGE, "")
+    with pytest.raises(views.BadRequest, match="known: waiting, .*, canceled, poison"):
+        views.parse_listing({"state": "poisoned"})
+
+
 def test_events_keep_known_fields_only():
     shown = views.task_events([{"event": "progress", "id": "t1", "at": "1796140800000", "progress": "{\"x\": 1}",
                                 "event_id": "1-0"}])
@@ -105,6 +129,11 @@ def test_queue_summary_and_failure_rate():
     assert views.failure_rate([ThroughputPoint(T0, 0, 0)]) is None
     nothing_waits = views.queue_summary(QueueStats("q", 0, 0, 0, 0, 0, 0, 0.0, False, 0), {}, {}, [])
     assert (nothing_waits["oldest_waiting"], nothing_waits["max_active"]) == ("-", None)
+    assert nothing_waits["rate_limit"] == "none"
+    limited = QueueStats("q", 0, 0, 0, 0, 0, 0, 0.0, False, 0, rate_limit=(100, 1.0), rate_window_starts=37)
+    assert views.queue_summary(limited, {}, {}, [])["rate_limit"] == "100 per 1 s · 37 in the window"
+    held = QueueStats("q", 0, 0, 0, 0, 0, 0, 0.0, False, 0, rate_limit=(5, 60.0), starts_held_for=11.2)
+    assert views.queue_summary(held, {}, {}, [])["rate_limit"] == "5 per 60 s · 0 in the window · held 12s"
 
 
 @pytest.mark.parametrize("seconds, shown", [(0, "0s"), (59.9, "59s"), (61, "1m 1s"), (7260, "2h 1m"),
@@ -250,7 +279,7 @@ def test_sign_in_returns_only_to_local_paths(target, safe):
 
 
 def test_what_redis_info_says_about_taking_new_tasks():
-    from effectmq.checks import redis_write_notes
+    from effectmq.client.checks import redis_write_notes
     mib = 2**20
     healthy = {"role": "master", "maxmemory": 100 * mib, "used_memory": 50 * mib, "maxmemory_policy": "noeviction",
                "rdb_last_bgsave_status": "ok", "aof_enabled": 1, "aof_last_write_status": "ok"}

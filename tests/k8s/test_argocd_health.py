@@ -1,4 +1,4 @@
-"""Argo CD's health of a Queue or Schedule agrees with kstatus's (issue 39, Must show 3).
+"""Argo CD's health of a Queue or Schedule agrees with kstatus's.
 
 Each object is judged by both tools' own code: Argo CD's by tooling/argohealth
 (argo-cd's argocd-cm parsing, util/lua on gopher-lua, gitops-engine's
@@ -37,7 +37,7 @@ import yaml
 from effectmq_operator.status import Check, Problem, conditions
 
 from tests.fixtures.argohealth import ArgoHealth, argohealth  # noqa: F401 (the fixture)
-from tests.fixtures.kube import REPO_ROOT, KubeControlPlane
+from tooling.testbed.controlplane import REPO_ROOT, KubeControlPlane
 from tests.k8s.test_kstatus_helper import cond, custom_resource
 
 SCRIPT = REPO_ROOT / "gitops" / "argocd" / "health.lua"
@@ -166,6 +166,29 @@ def operator_object(kind: str, problem: Problem | None, *, generation: int = 3,
     return obj
 
 
+def stalling_queue(**spec) -> dict:
+    """A ready Queue whose stalls cluster: the operator's Stalling condition beside Ready.
+    It still works (its attempts are retried), so both tools call it healthy; Argo CD
+    shows what to fix as the message."""
+    from effectmq_operator import stalls
+
+    obj = with_spec(operator_object("Queue", None), **spec)
+    checks = QUEUE_CHECKS_OK + [stalls.check({"oom_killed": 4, "unknown": 1})]
+    obj["status"]["conditions"] = conditions(checks, None, obj["status"]["observedGeneration"])
+    return obj
+
+
+def rate_limited_queue() -> dict:
+    """A ready Queue whose rate limit holds tasks back: RateLimited beside Ready. It works
+    as asked, so both tools call it healthy; Argo CD says why tasks wait."""
+    from effectmq_operator import throttling
+
+    obj = operator_object("Queue", None)
+    checks = QUEUE_CHECKS_OK + [throttling.check(throttling.Throttle((100, 1.0), 100, 0.0, 5000))]
+    obj["status"]["conditions"] = conditions(checks, None, obj["status"]["observedGeneration"])
+    return obj
+
+
 def operator_cases(kind: str) -> list[Case]:
     problems = QUEUE_PROBLEMS if kind == "Queue" else SCHEDULE_PROBLEMS
     stop = {SUSPEND_FIELD[kind]: True}
@@ -191,6 +214,10 @@ def operator_cases(kind: str) -> list[Case]:
         Case(f"{SUSPEND_FIELD[kind]}-false", with_spec(operator_object(kind, None), **{SUSPEND_FIELD[kind]: False}),
              "Healthy", "Current"),
     ]
+    if kind == "Queue":
+        cases += [Case("stalling", stalling_queue(), "Healthy", "Current"),
+                  Case("paused-and-stalling", stalling_queue(paused=True), "Suspended", "Current"),
+                  Case("rate-limited", rate_limited_queue(), "Healthy", "Current")]
     return cases
 
 
@@ -235,6 +262,12 @@ def test_argo_cd_and_kstatus_agree(case: Case, judged, kstatus):
         assert argo.message == flux.message
     if "/kstatus-test/" not in case.id:  # (those conditions often have no message)
         assert argo.message, "Argo CD shows the health message beside the state: never leave it empty"
+    if case.id == "Queue/operator/stalling":  # healthy, with the warning and its advice as the message
+        assert argo.message.startswith("stalling: 5 stalls in 10 min: OOMKilled 4, Unknown 1; raise "
+                                       "worker.resources.limits.memory"), argo.message
+    if case.id == "Queue/operator/rate-limited":  # healthy, saying why tasks wait
+        assert argo.message == ("rate limited: 5000 waiting: the rate limit of 100 starts per 1s is reached (100 "
+                                "started in the last 1s)"), argo.message
 
 
 def test_every_state_argo_cd_users_expect_is_covered():
@@ -287,7 +320,7 @@ def test_a_script_error_is_what_argo_cd_shows_not_a_crash(argohealth, tmp_path):
 
 
 def test_a_script_that_returns_nothing_has_no_health(argohealth, tmp_path):  # noqa: F811
-    """What the README's Schedule entry was (a comment only): Argo CD gets no health state."""
+    """What the Schedule entry of the Argo CD settings was before (a comment only): Argo CD gets no health state."""
     script = tmp_path / "health.lua"
     script.write_text("-- the same script as for Queue\n")
     assert argohealth(operator_object("Schedule", None), script=script) == ArgoHealth("", "", "")

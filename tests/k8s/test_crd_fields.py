@@ -1,6 +1,6 @@
-"""The Queue and Schedule CRDs read like core types (issue 39, "CRDs as good as core
-types"): every field described, `kubectl explain` that says what, units, default and
-interplay, the core schemas where a field is a core type, cron refused at apply."""
+"""The Queue and Schedule CRDs read like core types: every field described, `kubectl
+explain` that says what, units, default and interplay, the core schemas where a field is
+a core type, cron refused at apply."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import re
 import pytest
 import yaml
 
-from tests.fixtures.kube import REPO_ROOT, wait_until
+from tooling.testbed.controlplane import REPO_ROOT, wait_until
 from tests.k8s.test_crds import QUEUE, SCHEDULE
 
 CRD_FILES = ("crds/queue.yaml", "crds/schedule.yaml")
@@ -42,7 +42,7 @@ def undescribed(schema: dict, path: str) -> list[str]:
 
 @pytest.mark.parametrize("path", CRD_FILES)
 def test_every_spec_and_status_field_has_a_description(path):
-    """Must show 2: `kubectl explain` shows nothing for a field without one."""
+    """Every field has a description: `kubectl explain` shows nothing for a field without one."""
     root = version_schema(path)
     missing = [part for part in ("spec", "status") if not root["properties"][part].get("description")]
     for part in ("spec", "status"):
@@ -70,7 +70,7 @@ def explain(kube, field: str) -> str:
 @pytest.mark.kube
 @pytest.mark.parametrize("field", EXPLAINED)
 def test_kubectl_explain_describes_every_field(kube_control_plane, effectmq_crds, field):
-    """Must show 2, as a user sees it: the API server publishes the descriptions."""
+    """As a user sees it: the API server publishes the descriptions."""
     out = explain(kube_control_plane, field)
     assert "<no description>" not in out and "<empty>" not in out, out
 
@@ -216,8 +216,8 @@ def test_the_schedule_description_shows_every_form_the_parser_takes():
 def test_the_schedule_defaults_and_bounds_are_the_schedulers():
     from effectmq.scheduler.model import MAX_MISSED_AFTER, ScheduleSpec
     from effectmq.scheduler.policy import MAX_BACKFILL
-    from effectmq.queue import MAX_PRIORITY
-    from effectmq.protocol import MAX_DELAY
+    from effectmq.client.queue import MAX_PRIORITY
+    from effectmq.protocol.protocol import MAX_DELAY
 
     defaults = {f.name: f.default for f in dataclasses.fields(ScheduleSpec)}
     spec = version_schema("crds/schedule.yaml")["properties"]["spec"]["properties"]

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.fixtures.kube import REPO_ROOT, KubeControlPlane, wait_until
+from effectmq.protocol import settings
+from tooling.testbed.controlplane import REPO_ROOT, KubeControlPlane, wait_until
 
 pytestmark = pytest.mark.kube
 
@@ -60,7 +61,7 @@ def get(kube: KubeControlPlane, ns: str, *what: str) -> dict:
     return kube.kubectl_json("get", "-n", ns, *what)
 
 
-# ---------------------------------------------------------------- must show 1
+# ---------------------------------------------------------------- the CRDs are Established, with their names
 
 
 def test_crds_are_established(kube_control_plane, effectmq_crds):
@@ -86,7 +87,7 @@ def test_api_server_reports_the_pinned_release(kube_control_plane):
     assert helm.startswith("v3."), helm
 
 
-# ---------------------------------------------------------------- must show 2
+# ---------------------------------------------------------------- the examples apply and read back with defaults
 
 
 def test_examples_apply_and_read_back_with_defaults(kube_control_plane, effectmq_crds, kube_namespace):
@@ -99,13 +100,13 @@ def test_examples_apply_and_read_back_with_defaults(kube_control_plane, effectmq
     # what the example says is kept ...
     assert queue["redis"] == written["redis"]
     assert queue["worker"]["image"] == written["worker"]["image"]
-    assert queue["worker"]["env"] == [{"name": "LOG_LEVEL", "value": "info"}]
+    assert queue["worker"]["env"] == [{"name": "EFFECTMQ_LOG_LEVEL", "value": "info"}]
     assert queue["worker"]["resources"] == written["worker"]["resources"]
     assert queue["maxRetries"] == 5
     # ... and what it leaves out is defaulted
     assert queue["paused"] is False
     assert queue["maxActive"] == 0
-    assert queue["maxStalledCount"] == 1
+    assert queue["maxStalledCount"] == settings.default("max_stalled_count")
     assert queue["retry"] == {
         "backoff": "Exponential",
         "initialDelaySeconds": 1,
@@ -202,7 +203,7 @@ def test_printer_columns_and_category(kube_control_plane, effectmq_crds, kube_na
      "--set", "dashboard.redis.url=redis://r:6379/0"),
 ], ids=["redis", "own-redis", "redis-dashboard", "own-redis-dashboard"])
 def test_the_install_notes_keep_their_paragraphs_apart(kube_control_plane, kube_namespace, values):
-    """Issue 35, defect 8: the notes ran two sentences together ("single replica.Create a
+    """Was: the notes ran two sentences together ("single replica.Create a
     Queue") when the dashboard was off."""
     out = kube_control_plane.helm("install", "emq", str(REPO_ROOT / "charts" / "effectmq"), "-n", kube_namespace,
                                   "--dry-run=client", *values).stdout
@@ -213,7 +214,7 @@ def test_the_install_notes_keep_their_paragraphs_apart(kube_control_plane, kube_
         assert re.search(r"[a-z]\.[A-Z]", line) is None, line
 
 
-# ---------------------------------------------------------------- must show 3
+# ---------------------------------------------------------------- invalid resources are refused
 
 INVALID = {
     "min-replicas-above-max": (
@@ -277,7 +278,7 @@ INVALID = {
         manifest(QUEUE, retention={"completedSeconds": 2 ** 40}),
         ["spec.retention.completedSeconds", "should be less than or equal to 315360000"],
     ),
-    # Issue 35, defect 8: accepted, then nothing ever scaled (the next poll was 68 years away).
+    # Was accepted, then nothing ever scaled (the next poll was 68 years away).
     "poll-interval-int32-max": (
         manifest(QUEUE, scaling={"pollIntervalSeconds": 2147483647}),
         ["spec.scaling.pollIntervalSeconds", "should be less than or equal to 3600"],
@@ -312,14 +313,14 @@ def _unbounded_intervals(schema: dict, path: str = "") -> list[str]:
 
 
 def test_every_interval_of_a_queue_has_a_maximum():
-    """Every `...Seconds` field of the Queue's spec is bounded (issue 35, defect 8)."""
+    """Every `...Seconds` field of the Queue's spec is bounded."""
     body = yaml.safe_load((REPO_ROOT / "crds" / "queue.yaml").read_text())
     spec = body["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert _unbounded_intervals(spec) == []
 
 
 def test_the_crd_bounds_durations_as_the_runtime_does():
-    from effectmq.protocol import MAX_DURATION
+    from effectmq.protocol.protocol import MAX_DURATION
 
     text = (Path(__file__).resolve().parents[2] / "crds" / "queue.yaml").read_text()
     bounds = re.findall(r"maximum: (\d+)  # ten years", text)
@@ -337,9 +338,9 @@ def test_invalid_resources_are_rejected(kube_control_plane, effectmq_crds, kube_
 
 
 def test_the_crd_takes_every_url_form_the_runtime_connects_to(kube_control_plane, effectmq_crds, kube_namespace):
-    """One list of URL forms (effectmq.redaction.SCHEMES) for connect(), the operator and
+    """One list of URL forms (effectmq.transport.redaction.SCHEMES) for connect(), the operator and
     this CRD's rule: the CRD once refused redis+sentinel:// that everything else took."""
-    from effectmq.redaction import SCHEMES
+    from effectmq.transport.redaction import SCHEMES
 
     for scheme in sorted(SCHEMES):
         name = scheme.replace("+", "-")
@@ -366,7 +367,7 @@ def test_queue_ref_is_immutable(kube_control_plane, effectmq_crds, kube_namespac
     assert spec["queueRef"] == {"name": "q"} and spec["suspend"] is True
 
 
-# ---------------------------------------------------------------- must show 4
+# ---------------------------------------------------------------- status subresource and generation
 
 QUEUE_STATUS = {
     "observedGeneration": 1,
@@ -461,7 +462,7 @@ def test_status_subresource_and_generation(
     assert obj["metadata"]["generation"] == generation + 1
 
 
-# ---------------------------------------------------------------- must show 5
+# ---------------------------------------------------------------- Deployments and garbage collection run
 
 DEPLOYMENT = textwrap.dedent(
     """
@@ -557,7 +558,7 @@ def test_namespace_fixture_gives_a_fresh_namespace(kube_control_plane, kube_name
     assert denied.returncode != 0 and "forbidden" in denied.stderr.lower(), denied.stderr
 
 
-# ---------------------------------------------------------------- must show 6
+# ---------------------------------------------------------------- a missing control plane skips, and fails under CI
 
 PROBE_TEST = textwrap.dedent(
     """

@@ -197,7 +197,7 @@ def child_environs(parent: int) -> dict[int, str]:
 
 
 def test_a_url_from_a_secret_reaches_local_workers_by_a_private_file(tmp_path, make_redis):
-    """As in a pod (issue 36): a Queue whose URL a Secret holds gets it through
+    """As in a pod: a Queue whose URL a Secret holds gets it through
     EFFECTMQ_REDIS_URL_FILE, never the workers' environment (which their child processes
     inherit and /proc/<pid>/environ shows). Locally the runner writes the URL of the
     Redis it runs on to a file only its user reads, and removes it when it stops."""
@@ -259,3 +259,15 @@ def test_without_the_operator_extra_it_says_what_to_install(tmp_path):
     assert "Traceback" not in res.stderr, res.stderr
     assert res.stderr.startswith("effectmq: error: ") and "pip install 'effectmq[operator]'" in res.stderr, res.stderr
     assert not (tmp_path / "data").exists()  # refused before it started anything
+
+
+def test_the_view_says_when_the_last_scaling_was_decided():
+    """Its counts are of that moment: beside the row's counts of now they need a time."""
+    from types import SimpleNamespace
+
+    from effectmq_operator.local import view
+
+    stats = SimpleNamespace(waiting=0, delayed=0, active=1, completed=5, failed=0)
+    row = view.QueueRow("emails", stats, 1, "1 -> 0 replicas: 0 tasks (0 waiting + 0 active)", last_scale_age=14.2)
+    text = view.render("redis://127.0.0.1:6379/0", [row], [], [], Path("/tmp/logs"))
+    assert "  last scaling, 14 s ago: 1 -> 0 replicas: 0 tasks (0 waiting + 0 active)" in text.splitlines()

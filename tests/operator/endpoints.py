@@ -1,5 +1,5 @@
 """TCP endpoints that are not a Redis, on loopback: what a Queue's author could point
-spec.redis.url at to map the operator's network (issue 36)."""
+spec.redis.url at to map the operator's network."""
 
 from __future__ import annotations
 

@@ -36,14 +36,14 @@ def test_worker_deployment_runs_the_queue_handlers():
         with_prefetch = {**QUEUE["spec"], "worker": {**QUEUE["spec"]["worker"], "prefetch": prefetch}}
         assert env_of(builders.worker_deployment("shop", "emails", QueueSpec.parse(with_prefetch), 3, owner=OWNER)
                       )["EFFECTMQ_PREFETCH"]["value"] == str(prefetch)
-    assert env["LOG_LEVEL"]["value"] == "info"  # the user's variables are kept
+    assert env["EFFECTMQ_LOG_LEVEL"]["value"] == "info"  # the user's variables are kept
     assert int(env["EFFECTMQ_DRAIN_TIMEOUT"]["value"]) < pod["terminationGracePeriodSeconds"]
     ref = d["metadata"]["ownerReferences"][0]
     assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == ("Queue", "emails", "u-1", True)
     assert d["spec"]["selector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
     sc = c["securityContext"]
     assert sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
-    # issue 36: a worker never calls the API server, so it mounts no token; issue 35: a
+    # a worker never calls the API server, so it mounts no token; a
     # worker that dies at start leaves its last log lines as the termination message
     assert pod["automountServiceAccountToken"] is False
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
@@ -79,7 +79,7 @@ SPREAD = [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsa
 
 
 def test_the_core_typed_worker_fields_reach_the_pods_as_written():
-    """Issue 39: imagePullPolicy, envFrom, priorityClassName, topologySpreadConstraints
+    """imagePullPolicy, envFrom, priorityClassName, topologySpreadConstraints
     (and imagePullSecrets, affinity) pass through to the Deployment's pod template."""
     worker = {"image": "w:1", "handlers": "a:b", "imagePullPolicy": "Always",
               "envFrom": [{"secretRef": {"name": "api"}}, {"configMapRef": {"name": "cfg"}, "prefix": "APP_"}],
@@ -104,7 +104,7 @@ def test_the_core_typed_worker_fields_reach_the_pods_as_written():
 
 
 def test_a_url_from_a_secret_reaches_the_worker_as_a_file_readable_by_the_pods_group_only():
-    """Issue 36: an environment variable leaks (child processes, /proc/<pid>/environ,
+    """An environment variable leaks (child processes, /proc/<pid>/environ,
     crash dumps); a mounted Secret key does not. The kubelet gives the file to root and
     the pod's fsGroup, so 0440 lets the worker (any user: fsGroup is one of its groups)
     read it and nobody else."""
@@ -137,6 +137,36 @@ def test_a_url_from_a_secret_reaches_the_worker_as_a_file_readable_by_the_pods_g
             names = [e["name"] for e in builders.worker_env("ns", "q", QueueSpec.parse(mine))]
             assert [n for n in names if n.startswith("EFFECTMQ_REDIS_URL")] == [name], (name, redis)
             assert names[1] == name  # in place of the operator's
+
+
+def test_workers_know_their_pod_from_the_downward_api():
+    env = env_of(builders.worker_deployment("shop", "emails", QueueSpec.parse(QUEUE["spec"]), 1, owner=OWNER))
+    assert {name: env[name]["valueFrom"]["fieldRef"]["fieldPath"]
+            for name in ("EFFECTMQ_POD_NAME", "EFFECTMQ_POD_UID", "EFFECTMQ_NODE_NAME")} == {
+        "EFFECTMQ_POD_NAME": "metadata.name", "EFFECTMQ_POD_UID": "metadata.uid", "EFFECTMQ_NODE_NAME": "spec.nodeName"}
+
+
+def test_tracing_sets_the_sdks_variables_only_when_asked():
+    plain = env_of(builders.worker_deployment("shop", "emails", QueueSpec.parse(QUEUE["spec"]), 1, owner=OWNER))
+    assert not [name for name in plain if name.startswith("OTEL_")] and "EFFECTMQ_TRACE_LINKS" not in plain
+    tracing = {"otlpEndpoint": "http://otel.observability:4318", "sampleRatio": 0.25, "links": True}
+    spec = {**QUEUE["spec"], "worker": {**QUEUE["spec"]["worker"], "tracing": tracing}}
+    names = [e["name"] for e in builders.worker_deployment("shop", "emails", QueueSpec.parse(spec), 1,
+                                                          owner=OWNER)["spec"]["template"]["spec"]["containers"][0]["env"]]
+    env = env_of(builders.worker_deployment("shop", "emails", QueueSpec.parse(spec), 1, owner=OWNER))
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == "http://otel.observability:4318"
+    assert env["OTEL_SERVICE_NAME"]["value"] == "emails-worker"
+    assert (env["OTEL_TRACES_SAMPLER"]["value"], env["OTEL_TRACES_SAMPLER_ARG"]["value"]) == (
+        "parentbased_traceidratio", "0.25")
+    assert env["EFFECTMQ_TRACE_LINKS"]["value"] == "true"
+    resource = dict(kv.split("=", 1) for kv in env["OTEL_RESOURCE_ATTRIBUTES"]["value"].split(","))
+    assert resource["k8s.namespace.name"] == "shop" and resource["k8s.pod.name"] == "$(EFFECTMQ_POD_NAME)"
+    # the kubelet expands $(VAR) only from variables defined before it
+    assert names.index("EFFECTMQ_POD_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES")
+    assert len(names) == len(set(names))
+    user = {**spec, "worker": {**spec["worker"], "env": [{"name": "OTEL_SERVICE_NAME", "value": "mine"}]}}
+    assert env_of(builders.worker_deployment("shop", "emails", QueueSpec.parse(user), 1,
+                                            owner=OWNER))["OTEL_SERVICE_NAME"]["value"] == "mine"
 
 
 @pytest.mark.parametrize("grace, drain", [(60, 50), (30, 25), (10, 5), (5, 1), (0, 1)])
@@ -245,7 +275,7 @@ def test_schedule_resource_to_scheduler_definition(spec, expected):
 
 
 def test_the_schedule_crd_states_the_schedulers_defaults_and_bounds():
-    """missedAfterSeconds (issue 35, defect 3: the 60 s grace could not be set from the
+    """missedAfterSeconds (the 60 s grace could not be set from the
     CRD): its default and maximum are the scheduler's, and the chart's copy is the CRD."""
     from effectmq.scheduler.model import MAX_MISSED_AFTER, ScheduleSpec
 

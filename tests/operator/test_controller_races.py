@@ -10,9 +10,9 @@ import copy
 import pytest
 import yaml
 
-from effectmq_operator.connections import Connections
-from effectmq_operator.controller import QueueController
-from effectmq_operator.kube import Kube, NotLeader
+from effectmq_operator.redis_pool import Connections
+from effectmq_operator.queue_controller import QueueController
+from effectmq_operator.runtime.kube import Kube, NotLeader
 from tests.support.processes import ROOT
 
 QUEUE = yaml.safe_load((ROOT / "examples/k8s/queue.yaml").read_text())
@@ -102,7 +102,7 @@ def test_a_namespace_being_deleted_is_not_a_failure():
 
     from kubernetes.client.rest import ApiException
 
-    from effectmq_operator.kube import namespace_terminating
+    from effectmq_operator.runtime.kube import namespace_terminating
 
     refused = ApiException(status=403, reason="Forbidden")
     refused.body = json.dumps({"kind": "Status", "code": 403, "reason": "Forbidden", "details": {

@@ -8,7 +8,11 @@ once the CRDs are back it watches and reconciles again without a restart.
 
 Twice: kopf's own watcher against a loopback server that answers 404 and then lists
 (the losing side of the race, every time), and the operator process on a real
-control plane, its CRDs deleted and re-created."""
+control plane, its CRDs deleted and re-created. A second race: kopf re-reads API
+discovery only when a CRD event arrives, and a busy API server may list a re-created
+CRD in discovery after its last event (Established); kopf then never watched it
+again (seen once in CI: /healthz named Schedules unserved for good). A loopback
+server whose discovery lags that way shows the operator finds it anyway."""
 
 from __future__ import annotations
 
@@ -22,12 +26,13 @@ import kopf
 from aiohttp import web
 from kopf._cogs.clients import auth
 from kopf._cogs.structs import credentials, references
-from kopf._core.reactor import queueing
+from kopf._core.intents import registries
+from kopf._core.reactor import observation, queueing
 
-from effectmq_operator import handlers
+from effectmq_operator.runtime import watches as kopf_watches
 from tests.fixtures.kube import CRDS_DIR
 from tests.operator.test_operator_queues import apply, get, queue_manifest
-from tests.support.operator import wait_for
+from tests.support.operator import wait_for, wait_for_async
 
 QUEUES, SCHEDULES = "queues.effectmq.io", "schedules.effectmq.io"
 SCHEDULE = """
@@ -69,9 +74,9 @@ async def serve_queues(gone: int) -> tuple[web.AppRunner, str, list[str]]:
 
 
 async def test_a_watch_answered_404_waits_and_watches_again(monkeypatch):
-    monkeypatch.setattr(handlers, "UNSERVED_RECHECK", 0.05)
+    monkeypatch.setattr(kopf_watches, "UNSERVED_RECHECK", 0.05)
     monkeypatch.setattr(queueing, "watcher", queueing.watcher)  # put back whatever install() wraps
-    handlers.Watches().install()  # what the operator's startup does
+    kopf_watches.Watches().install()  # what the operator's startup does
     runner, server, asked = await serve_queues(gone=3)
     vault = credentials.Vault()
     await vault.populate({"test": credentials.ConnectionInfo(server=server)})
@@ -102,6 +107,92 @@ async def test_a_watch_answered_404_waits_and_watches_again(monkeypatch):
         await runner.cleanup()
         await vault.close()
     assert watches.unserved() == ["queues.effectmq.io", "schedules.effectmq.io"]  # no watch left
+
+
+async def serve_lagging_discovery(lagging: int) -> tuple[web.AppRunner, str, list[str]]:
+    """An API server whose CRD watch sends one event (the effectmq.io CRDs re-created)
+    and then stays silent, and whose discovery lists Schedules only after its first
+    `lagging` answers for the group (the Queues from the start)."""
+    discovered: list[str] = []
+    watches: list[str] = []
+
+    async def core(request: web.Request) -> web.Response:
+        return web.json_response({"versions": ["v1"]} if request.path == "/api" else {"resources": []})
+
+    async def groups(request: web.Request) -> web.Response:
+        return web.json_response({"groups": [
+            {"name": name, "versions": [{"version": version}], "preferredVersion": {"version": version}}
+            for name, version in (("apiextensions.k8s.io", "v1"), ("effectmq.io", "v1alpha1"))]})
+
+    async def extensions(request: web.Request) -> web.Response:
+        return web.json_response({"resources": [{"name": "customresourcedefinitions", "kind":
+                                                 "CustomResourceDefinition", "singularName": "", "namespaced": False,
+                                                 "verbs": ["list", "watch"]}]})
+
+    async def ours(request: web.Request) -> web.Response:
+        discovered.append(request.path)
+        kinds = [("queues", "Queue")] + ([("schedules", "Schedule")] if len(discovered) > lagging else [])
+        return web.json_response({"resources": [{"name": plural, "kind": kind, "singularName": kind.lower(),
+                                                 "namespaced": True, "verbs": ["list", "watch", "patch"]}
+                                                for plural, kind in kinds]})
+
+    async def crds(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") != "true":
+            return web.json_response({"kind": "CustomResourceDefinitionList", "metadata": {"resourceVersion": "1"},
+                                      "items": []})
+        watches.append(request.query_string)
+        stream = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await stream.prepare(request)
+        crd = {"metadata": {"name": SCHEDULES, "resourceVersion": "2"}, "spec": {"group": "effectmq.io"}}
+        if len(watches) == 1:  # the one event; a reconnected watch hears nothing new
+            await stream.write(json.dumps({"type": "MODIFIED", "object": crd}).encode() + b"\n")
+        await asyncio.sleep(60)
+        return stream
+
+    app = web.Application()
+    app.router.add_get("/api", core)
+    app.router.add_get("/api/v1", core)
+    app.router.add_get("/apis", groups)
+    app.router.add_get("/apis/apiextensions.k8s.io/v1", extensions)
+    app.router.add_get("/apis/effectmq.io/v1alpha1", ours)
+    app.router.add_get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crds)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", discovered
+
+
+async def test_a_crd_discovered_after_its_last_event_is_watched_again(monkeypatch):
+    monkeypatch.setattr(kopf_watches, "UNSERVED_RECHECK", 0.05)
+    monkeypatch.setattr(queueing, "watcher", queueing.watcher)  # put back whatever install() wraps
+    kopf_watches.Watches().install()
+    # discovery's first two answers (kopf's scan at start, its rescan on the CRD event) lack Schedules
+    runner, server, discovered = await serve_lagging_discovery(lagging=2)
+    vault = credentials.Vault()
+    await vault.populate({"test": credentials.ConnectionInfo(server=server)})
+    auth.vault_var.set(vault)
+    registry = registries.OperatorRegistry()
+    for plural in ("queues", "schedules"):
+        kopf.on.event("effectmq.io", "v1alpha1", plural, registry=registry)(lambda **_: None)
+    insights = references.Insights()
+    observer = asyncio.create_task(observation.resource_observer(settings=kopf.OperatorSettings(),
+                                                                 registry=registry, insights=insights))
+
+    def watched() -> set[str]:
+        return {r.plural for r in insights.watched_resources if r.group == "effectmq.io"}
+
+    try:
+        while len(discovered) < 2 and not observer.done():  # kopf's scan at start and its rescan on the event
+            await asyncio.sleep(0.01)
+        assert not observer.done(), f"kopf's resource observer ended: {observer.exception()!r}"
+        await wait_for_async(lambda: watched() == {"queues", "schedules"}, timeout=10,
+                             what="Schedules, listed in discovery after the CRD's last event, watched")
+    finally:
+        observer.cancel()
+        await asyncio.gather(observer, return_exceptions=True)
+        await runner.cleanup()
+        await vault.close()
 
 
 def health(op) -> dict:

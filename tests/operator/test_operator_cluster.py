@@ -9,7 +9,7 @@ from urllib.parse import quote
 import yaml
 
 import effectmq
-from effectmq.keys import QueueKeys
+from effectmq.protocol.keys import QueueKeys
 from tests.support.operator import wait_for
 
 from .test_operator_queues import apply, condition, get, queue_manifest

@@ -347,7 +347,7 @@ def test_a_drained_queue_shows_it_within_seconds(kube_control_plane, kube_namesp
     """Found by hand on the one-node cluster: a burst ran out and the Queue said 153
     waiting and 208 active for half a minute; backlog figures alone were written once
     a minute. A queue that drained (or got work) now says so within FIGURES_SOON."""
-    from effectmq_operator.control import FIGURES_EVERY, FIGURES_SOON
+    from effectmq_operator.queue_plan import FIGURES_EVERY, FIGURES_SOON
 
     plane, ns = kube_control_plane, kube_namespace
     start_operator()

@@ -14,8 +14,8 @@ import kubernetes
 import pytest
 import yaml
 
-from effectmq_operator.connections import CONNECTIONS_PER_REDIS
-from effectmq_operator.kube import Kube
+from effectmq_operator.redis_pool import CONNECTIONS_PER_REDIS
+from effectmq_operator.runtime.kube import Kube
 from tests.fixtures.proxy import LatencyProxy, TcpProxy
 from tests.operator.test_operator_queues import apply, condition, get, queue_manifest, seconds_to_scale_from_zero
 from tests.support.operator import default_kubeconfig, wait_for
@@ -101,7 +101,7 @@ def test_a_blackholed_redis_delays_no_other_queue(kube_control_plane, kube_names
 
 def test_a_rotated_secret_is_used_within_its_refresh_and_never_read_per_poll(kube_control_plane, kube_namespace,
                                                                              start_operator, make_redis):
-    """The operator reads a Queue's Secret by name (it may not list or watch Secrets, issue 36): once per
+    """The operator reads a Queue's Secret by name (it may not list or watch Secrets): once per
     refresh interval however often it polls, and a rotated password is used after at most one interval."""
     plane, ns = kube_control_plane, kube_namespace
     refresh = 4

@@ -5,9 +5,10 @@ Operator A talks to the API server through a TCP proxy that the test can cut
 operator B talks to it directly. Short timings (lease 6 s, so renew deadline 4 s)
 keep the test quick.
 
-Must show: a leader whose API connection is cut steps down before its Lease could
-be taken over, a second replica takes over, and after the cut ends the first one
-follows again; SIGTERM stops an operator within 5 s in every state.
+Shown here: a leader whose API connection is cut steps down before its Lease could
+be taken over and stays live (a restart cannot mend the API server), a second
+replica takes over, and after the cut ends the first one follows again; SIGTERM
+stops an operator within 5 s in every state.
 """
 
 from __future__ import annotations
@@ -127,23 +128,24 @@ def test_cut_leader_steps_down_before_takeover_follows_again_and_sigterm_is_prom
         cut_at = time.monotonic()
         cut_wall = datetime.now()
         proxy.cut(drop_existing=False)
-        stepped_down = took_over = unhealthy = None
-        deadline = cut_at + LEASE_SECONDS + 20
-        while time.monotonic() < deadline and not (stepped_down and took_over and unhealthy):
+        stepped_down = took_over = None
+        unlive: list[tuple[float, int | None]] = []
+        # past the lease, and past kopf's 10 s cache of the probe's result
+        deadline = cut_at + LEASE_SECONDS + 14
+        while time.monotonic() < deadline:
             now = time.monotonic()
             if stepped_down is None and stop_text in full_log(a):
                 stepped_down = now
             if took_over is None and lease_holder(plane, ns) == identity(b):
                 took_over = now
-            if unhealthy is None and probe_status(a) != 200:
-                unhealthy = now
+            if (status := probe_status(a)) != 200:
+                unlive.append((round(now - cut_at, 1), status))
             time.sleep(0.2)
         assert stepped_down, f"A never stepped down\n{a.log()}"
         assert took_over, f"B never took over\n{b.log()}"
-        assert unhealthy, f"A's liveness stayed 200\n{a.log()}"
-        timings.update(step_down=stepped_down - cut_at, takeover=took_over - cut_at, unhealthy=unhealthy - cut_at)
+        assert not unlive, f"A's liveness failed while cut off (s, status): {unlive}\n{a.log()}"
+        timings.update(step_down=stepped_down - cut_at, takeover=took_over - cut_at)
         assert took_over - cut_at <= LEASE_SECONDS + 5, timings
-        assert unhealthy - cut_at <= LEASE_SECONDS + 12, timings  # kopf caches probe results for 10 s
         assert stepped_down <= took_over, timings
         # by the log clock too: A stopped leading before B acquired the Lease
         a_stop = logged_at(a, stop_text, after=cut_wall)
@@ -153,14 +155,14 @@ def test_cut_leader_steps_down_before_takeover_follows_again_and_sigterm_is_prom
         assert "renew deadline" in next(line for line in full_log(a).splitlines() if stop_text in line)
         assert a.proc.poll() is None, a.log()
 
-        # The cut ends: A follows B, and is live again.
+        # The cut ends: A follows B, still live.
         proxy.restore()
         restored_at = time.monotonic()
         sees_b = f"{identity(a)} sees Lease {ns}/effectmq-operator-{ns} held by {identity(b)}"
         wait_for(lambda: sees_b in full_log(a) or f"held by {identity(b)}" in full_log(a), timeout=30,
                  what=f"A sees B as holder\n{a.log()}")
-        wait_for(lambda: probe_status(a) == 200, timeout=30, what=f"A live again\n{a.log()}")
-        timings["live_again"] = time.monotonic() - restored_at
+        timings["follows_again"] = time.monotonic() - restored_at
+        assert probe_status(a) == 200, a.log()
         stable_until = time.monotonic() + LEASE_SECONDS + 2  # longer than a lease: B keeps renewing, A stays out
         while time.monotonic() < stable_until:
             assert lease_holder(plane, ns) == identity(b), (a.log(), b.log())

@@ -1,4 +1,4 @@
-"""The worker fields that are core types (issue 39), on a real API server: a Queue
+"""The worker fields that are core types, on a real API server: a Queue
 applied with them gets a worker Deployment that has them, accepted by the API server's
 own Deployment validation."""
 

@@ -76,7 +76,7 @@ def test_queue_gets_its_worker_deployment_and_loses_it_on_delete(kube_control_pl
     assert container["command"] == ["effectmq", "worker"] and container["args"] == ["shop.tasks:app"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["EFFECTMQ_QUEUE"] == f"{ns}/emails" and env["EFFECTMQ_REDIS_URL"] == redis_url
-    assert env["EFFECTMQ_CONCURRENCY"] == "16" and env["LOG_LEVEL"] == "info"
+    assert env["EFFECTMQ_CONCURRENCY"] == "16" and env["EFFECTMQ_LOG_LEVEL"] == "info"
     assert container["resources"]["requests"] == {"cpu": "100m", "memory": "128Mi"}
     owner = deployment["metadata"]["ownerReferences"][0]
     queue = get(plane, ns, "queue", "emails")
@@ -99,6 +99,57 @@ def test_queue_gets_its_worker_deployment_and_loses_it_on_delete(kube_control_pl
              what="Deployment garbage-collected")
 
 
+def leased(redis_url: str, queue: str, tries: int) -> list[bool]:
+    """Whether each of `tries` acquire calls got a lease (the leases are left to expire)."""
+    async def run():
+        q = effectmq.TaskQueue(queue, url=redis_url)
+        try:
+            return [await q.acquire() is not None for _ in range(tries)]
+        finally:
+            await q.close()
+    return asyncio.run(run())
+
+
+def test_a_rate_limit_reaches_redis_and_the_status_says_why_tasks_wait(kube_control_plane, kube_namespace,
+                                                                      start_operator, redis_url):
+    plane, ns = kube_control_plane, kube_namespace
+    start_operator()
+    manifest = yaml.safe_load(queue_manifest("api-calls", redis_url, rateLimit={"tasks": 2, "periodSeconds": 60},
+                                             scaling={"pollIntervalSeconds": 1}))
+    del manifest["spec"]["worker"]  # no pods here: Ready is the queue's own verdict
+    apply(plane, ns, yaml.safe_dump(manifest))
+    q = effectmq.SyncTaskQueue(f"{ns}/api-calls", url=redis_url)
+    try:
+        wait_for(lambda: q.settings().get("rate_limit") == (2, 60.0), what="the limit in Redis")
+        wait_for(lambda: (condition(get(plane, ns, "queue", "api-calls"), "RateLimited") or {}).get("reason")
+                 == "BelowLimit", what="RateLimited=False below the limit")
+        for i in range(5):
+            q.offer("send_email", {"to": f"user{i}@example.com"}, task_id=f"t{i}")
+        assert leased(redis_url, f"{ns}/api-calls", 3) == [True, True, False]  # the limit, as workers meet it
+        limited = wait_for(lambda: (lambda c: c if c and c["status"] == "True" else None)(
+            condition(get(plane, ns, "queue", "api-calls"), "RateLimited")), what="RateLimited=True")
+        assert limited["reason"] == "LimitReached"
+        assert limited["message"] == ("3 waiting: the rate limit of 2 starts per 60s is reached (2 started in the "
+                                      "last 60s)")
+        assert condition(get(plane, ns, "queue", "api-calls"), "Ready")["status"] == "True"  # works as asked
+
+        # The field removed: the limit is lifted in Redis, and the condition goes.
+        plane.kubectl("patch", "queue", "api-calls", "-n", ns, "--type=json",
+                      "-p", '[{"op": "remove", "path": "/spec/rateLimit"}]')
+        wait_for(lambda: q.settings().get("rate_limit") is None, what="the limit lifted")
+        wait_for(lambda: condition(get(plane, ns, "queue", "api-calls"), "RateLimited") is None,
+                 what="no RateLimited without a limit")
+        assert leased(redis_url, f"{ns}/api-calls", 1) == [True]
+
+        # A handler's hold (a 429's Retry-After) says so, limit or not.
+        q.hold_starts(120)
+        held = wait_for(lambda: (lambda c: c if c and c["status"] == "True" else None)(
+            condition(get(plane, ns, "queue", "api-calls"), "RateLimited")), what="RateLimited=True by a hold")
+        assert held["reason"] == "StartsHeld" and held["message"].startswith("2 waiting: a handler held")
+    finally:
+        q.close()
+
+
 def test_end_to_end_with_workers_run_from_the_deployment(kube_control_plane, kube_namespace, start_operator,
                                                          redis_url, tmp_path):
     plane, ns = kube_control_plane, kube_namespace
@@ -115,7 +166,7 @@ def test_end_to_end_with_workers_run_from_the_deployment(kube_control_plane, kub
         results = [q.wait(tid, timeout=60) for tid in ids]
         assert [r["delivered_to"] for r in results] == [f"user{i}@example.com" for i in range(20)]
         q.close()
-        # The URL from the Secret reached them as a file (issue 36), not in the environment
+        # The URL from the Secret reached them as a file, not in the environment
         # that child processes, /proc/<pid>/environ and crash dumps show.
         environ = workers[0].environ()
         assert redis_url not in environ and "EFFECTMQ_REDIS_URL=" not in environ
@@ -238,7 +289,7 @@ def test_operator_recovers_leases_when_no_worker_is_left(kube_control_plane, kub
 
 
 def test_status_does_not_tell_a_closed_port_from_an_open_one(kube_control_plane, kube_namespace, start_operator):
-    """Issue 36: the status said "Connection refused" for a closed port, "Protocol error,
+    """Was: the status said "Connection refused" for a closed port, "Protocol error,
     got 'H'" for an HTTP server and a timeout for one that never answers: a Queue's author
     could scan the network as the operator sees it. Now the conditions and the Events say
     the same of all three (their URLs aside)."""
@@ -400,11 +451,11 @@ async def test_a_queue_the_watch_has_not_reported_is_reconciled_within_seconds(k
 
 def test_a_spec_the_api_server_refuses_is_stalled_and_scaling_goes_on(kube_control_plane, kube_namespace,
                                                                       start_operator, redis_url, kstatus):
-    """Issue 35, defect 5. An env value of the wrong type passed the CRD (env items kept
+    """Was: an env value of the wrong type passed the CRD (env items kept
     unknown fields) and the Deployment's apply was answered 500 "expected string": it read
     DeploymentFailed with Reconciling=True, Stalled=False, kstatus InProgress for ever; and
     as replicas travel in that apply, the Queue never scaled (300 tasks at 1 replica).
-    Since issue 39 env has core's schema, which refuses that value at apply
+    Since env has core's schema, which refuses that value at apply
     (tests/k8s/test_crd_fields.py); a name with '=' is what the schema lets through and
     the Deployment's own validation refuses."""
     plane, ns = kube_control_plane, kube_namespace

@@ -18,14 +18,16 @@ from effectmq.scheduler import Scheduler, ScheduleSpec
 from effectmq.scheduler.cron import parse_cron
 from effectmq.scheduler.errors import InvalidSchedule
 from effectmq_operator import builders
-from effectmq_operator.connections import SCHEDULER_NAMESPACE, Connections
-from effectmq_operator.controller import QueueController
-from effectmq_operator.kube import Kube
-from effectmq_operator.schedules import ScheduleController, ScheduleRuntime
+from effectmq_operator.redis_pool import SCHEDULER_NAMESPACE, Connections
+from effectmq_operator.queue_controller import QueueController
+from effectmq_operator.runtime.kube import Kube
+from effectmq_operator.schedule_controller import ScheduleController
+from effectmq_operator.schedule_status import ScheduleRuntime
 from effectmq_operator.spec import RedisSpec
 from effectmq_operator.status import schedule_progress
 from tests.operator.test_operator_queues import apply, condition, events, get, queue_manifest
 from tests.support.operator import controllers_fed_by_lists, default_kubeconfig, wait_for, wait_for_async
+from tests.support.tracing import OtlpReceiver
 
 FAST_LEASE = {"EFFECTMQ_OPERATOR_LEASE_SECONDS": "3"}
 
@@ -191,13 +193,13 @@ async def test_a_mirror_round_reads_only_the_schedules_that_changed(kube_control
                 controller.runtime[(ns, body["metadata"]["name"])] = ScheduleRuntime(placed=target)
 
             before = _redis_calls(counter)
-            await controller._mirror(target)  # the term's full round, a slice per round: nothing differs
-            await controller._mirror(target)
+            await controller.mirror.round(target)  # the term's full round, a slice per round: nothing differs
+            await controller.mirror.round(target)
             assert _redis_calls(counter)["hgetall"] - before.get("hgetall", 0) == 2000
             assert "status" not in get(plane, ns, "schedule", "watched")  # the registry's copy was current
             before = _redis_calls(counter)
             for _ in range(5):
-                await controller._mirror(target)
+                await controller.mirror.round(target)
             idle = {k: v - before.get(k, 0) for k, v in _redis_calls(counter).items() if v != before.get(k, 0)}
             idle.pop("info", None)
             assert idle == {"zrangebyscore": 5}, f"five idle rounds ran {idle}"
@@ -207,7 +209,7 @@ async def test_a_mirror_round_reads_only_the_schedules_that_changed(kube_control
                 await scheduler.put(ScheduleSpec.from_json(builders.schedule_spec(ns, f"s{i}", {
                     **bodies[i + 1]["spec"], "schedule": "45 3 * * *"})))
             before = _redis_calls(counter)
-            await controller._mirror(target)
+            await controller.mirror.round(target)
             read = _redis_calls(counter)
             assert read["hgetall"] - before["hgetall"] == 6  # the six that changed, nothing else
             assert get(plane, ns, "schedule", "watched")["status"]["lastTaskID"] == task_id
@@ -217,17 +219,17 @@ async def test_a_mirror_round_reads_only_the_schedules_that_changed(kube_control
             await scheduler.redis.delete(scheduler.store.changes_key)
             status = await scheduler.put(ScheduleSpec.from_json(builders.schedule_spec(ns, "watched", {
                 **bodies[0]["spec"], "schedule": "59 23 * * *"})))
-            await controller._mirror(target)
+            await controller.mirror.round(target)
             assert get(plane, ns, "schedule", "watched")["status"]["nextTickTime"] != schedule_progress(status)[
                 "nextTickTime"]  # not seen yet
-            controller._feeds[target].full_at = 0.0  # the full round, due every MIRROR_RESYNC_EVERY
+            controller.mirror.feeds[target].full_at = 0.0  # the full round, due every MIRROR_RESYNC_EVERY
             for _ in range(3):  # 2,000 schedules: two slices
-                await controller._mirror(target)
+                await controller.mirror.round(target)
             assert get(plane, ns, "schedule", "watched")["status"]["nextTickTime"] == schedule_progress(status)[
                 "nextTickTime"]
             controller.runtime[(ns, "watched")].mirrored_at = None  # as once MIRROR_EVERY has passed
             await scheduler.put(ScheduleSpec.from_json(builders.schedule_spec(ns, "watched", bodies[0]["spec"])))
-            await controller._mirror(target)
+            await controller.mirror.round(target)
             assert get(plane, ns, "schedule", "watched")["status"]["nextTickTime"] != schedule_progress(status)[
                 "nextTickTime"]  # the feed's new numbers are read again
         finally:
@@ -304,16 +306,46 @@ async def test_the_first_tick_is_mirrored_at_once_after_a_change_without_one(kub
             body = get(plane, ns, "schedule", "fresh")
             controller.schedules.put(body)
             controller.runtime[(ns, "fresh")] = ScheduleRuntime(placed=target)
-            await controller._mirror(target)  # the loop's first round, before the Schedule is stored
+            await controller.mirror.round(target)  # the loop's first round, before the Schedule is stored
             await scheduler.put(ScheduleSpec.from_json(builders.schedule_spec(ns, "fresh", body["spec"])))
-            await controller._mirror(target)  # the change that placed it: written, no tick in it
+            await controller.mirror.round(target)  # the change that placed it: written, no tick in it
             status = get(plane, ns, "schedule", "fresh").get("status") or {}
             assert status.get("nextTickTime") and not status.get("lastTickTime"), status
             await asyncio.sleep(1.1)
             report = await scheduler.tick()
             assert any(m.created for m in report.materialized), report
-            await controller._mirror(target)
+            await controller.mirror.round(target)
             status = get(plane, ns, "schedule", "fresh").get("status") or {}
             assert status.get("lastTickTime"), f"the first tick was held back: {status}"
         finally:
             await connections.close()
+
+
+def test_the_operator_exports_each_tick_as_the_root_of_a_trace(kube_control_plane, kube_namespace, start_operator,
+                                                               redis_url):
+    """With OTEL_* set (the chart's tracing values), the operator sets up the SDK and each
+    Schedule tick it offers is a `send <queue>` span, the root of the tick task's trace."""
+    plane, ns = kube_control_plane, kube_namespace
+    with OtlpReceiver() as otlp:
+        op = start_operator(extra_env={"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100",
+                                       "OTEL_RESOURCE_ATTRIBUTES": f"k8s.namespace.name={ns}"})
+        apply(plane, ns, queue_manifest("traced", redis_url, paused=True))
+        apply(plane, ns, schedule_manifest("each-second", "traced", "* * * * * *"))
+        schedule_id = f"{ns}/each-second"
+        wait_for(lambda: len(tick_tasks(redis_url, f"{ns}/traced", schedule_id)) >= 2, timeout=30, what="ticks")
+        ticks = wait_for(lambda: [(p, r, s, a) for p, r, s in otlp.spans() if s.name == f"send {ns}/traced"
+                                  and "effectmq.schedule.name" in (a := {a.key: a.value.string_value
+                                                                       for a in s.attributes})],
+                         timeout=15, what="the ticks' spans")
+        op.stop()
+    assert "exporting traces (OTEL_* variables): otlp" in op.log()
+    path, resource, span, attributes = ticks[0]
+    assert path == "/v1/traces" and resource["service.name"] == "effectmq-operator"
+    assert resource["k8s.namespace.name"] == ns
+    assert span.parent_span_id == b"" and span.kind == span.SPAN_KIND_PRODUCER
+    assert attributes["effectmq.schedule.name"] == schedule_id
+    assert attributes["messaging.message.id"].startswith(schedule_id + "/")
+    keys = effectmq.TaskQueue(f"{ns}/traced", url=redis_url).keys  # (no connection is made)
+    stored = redis.Redis.from_url(redis_url).hget(keys.task(attributes["messaging.message.id"]), "trace")
+    # the tick's task carries the span's context: its attempts join this trace
+    assert json.loads(stored)["traceparent"].split("-")[1] == span.trace_id.hex()

@@ -1,5 +1,7 @@
 """Table-driven tests of the pure scaling decision."""
 
+import dataclasses
+
 import pytest
 
 from effectmq_operator.scaling import Observation, ScalingSpec, ScalingState, decide, max_step_up, restore_state
@@ -112,7 +114,7 @@ def test_the_reason_names_the_replicas_of_the_decision(seen):
             assert head == f"hold at {d.replicas}"
 
 
-# Issue 35, defect 8: a reason names the bound that decided, never contradicts the decision.
+# A reason names the bound that decided, never contradicts the decision.
 
 def test_max_replicas_zero_scales_to_zero_and_says_so_without_a_cooldown_that_did_not_apply():
     """Was: "scale to zero: no tasks for 60s; idle for less than the 60s cooldown", with
@@ -151,3 +153,49 @@ def test_paused_names_the_min_replicas_it_keeps():
 def test_to_zero_after_the_cooldown_says_no_tasks_only_when_there_were_none():
     d = decide(SPEC, Observation(0, 0, 1), ScalingState(((0.0, 1),), last_demand_at=0.0), now=500.0)
     assert d.replicas == 0 and d.reason == "scale to zero: no tasks for 120s", d.reason
+
+
+# A backlog held back by the queue's rate limit: more pods would only wait for the limit.
+# What the limit can use is the attempts it lets run at once: those in flight (Little's law,
+# starts per second times seconds per attempt), plus one pod to spare.
+@pytest.mark.parametrize("name, seen, expected, says", [
+    ("fast tasks under a limit need one pod, not 20", Observation(100_000, 2, 1, rate_limited=True), 2,
+     "the rate limit holds 100000 waiting back: its 2 attempts in flight fill 1 replica, plus one"),
+    ("from zero the first pod comes as usual", Observation(100_000, 0, 0, rate_limited=True), 1, "scale up to 1"),
+    ("slow tasks under a limit: the pods their attempts fill, plus one",
+     Observation(100_000, 95, 10, rate_limited=True),
+     11, "fill 10 replicas, plus one"),
+    ("the limit above what the backlog needs changes nothing", Observation(50, 0, 1, rate_limited=True), 1,
+     "50 tasks (50 waiting + 0 active)"),
+    ("without the limit the backlog decides (step limited from 1)", Observation(100_000, 2, 1), 5,
+     "step limited, target 20"),
+])
+def test_a_rate_limited_backlog_scales_only_to_what_the_limit_can_use(name, seen, expected, says):
+    decision = decide(SPEC, seen, ScalingState(), now=1000.0)
+    assert decision.replicas == expected, (name, decision.reason)
+    assert says in decision.reason, (name, decision.reason)
+
+
+def test_a_queue_with_a_rate_limit_starts_with_one_replica_and_grows_while_the_limit_is_not_reached():
+    limited = dataclasses.replace(SPEC, has_rate_limit=True)
+    d = decide(limited, Observation(100_000, 0, 0), ScalingState(), now=0)
+    assert d.replicas == 1 and "one replica until attempts show what it allows" in d.reason
+    d = decide(limited, Observation(100_000, 0, 1), d.state, now=2)  # the pod not started yet
+    assert d.replicas == 1
+    # A pod that just started has started few tasks in the window: that is no sign the
+    # limit leaves room for more, so up one replica a decision, not the usual doubling.
+    d = decide(limited, Observation(100_000, 1, 1), d.state, now=4)
+    assert d.replicas == 2 and "step limited" in d.reason
+    d = decide(limited, Observation(100_000, 20, 2), d.state, now=6)  # slow tasks, the limit not reached
+    assert d.replicas == 3
+    d = decide(limited, Observation(100_000, 48, 5, rate_limited=True), d.state, now=8)
+    assert d.replicas == 6 and "fill 5 replicas, plus one" in d.reason
+
+
+def test_a_rate_limited_queue_scales_down_to_what_the_limit_uses():
+    d = decide(SPEC, Observation(100_000, 40, 10), ScalingState(), now=0)
+    assert d.replicas == 20  # the limit not reached yet
+    d = decide(SPEC, Observation(99_000, 40, 20, rate_limited=True), d.state, now=30)
+    assert d.replicas == 20 and "stabilization window" in d.reason
+    d = decide(SPEC, Observation(98_000, 40, 20, rate_limited=True), d.state, now=100)
+    assert d.replicas == 5 and "rate limit" in d.reason  # 40 in flight fill 4 pods, plus one

@@ -1,6 +1,6 @@
 """Schedules belong to the Redis they live in, not to the URL that reached it.
 
-Was (issue 35, defect 1): garbage collection and "wanted" were computed per URL
+Was: garbage collection and "wanted" were computed per URL
 (and TLS options), the scheduler store is per Redis. Two Queues reaching one Redis
 through two spellings of its URL deleted each other's Schedules within a second of
 the second one's tick loop starting; the Schedules stayed Ready (a status() of None
@@ -20,14 +20,15 @@ import yaml
 import effectmq
 from effectmq.scheduler import Scheduler, ScheduleSpec
 from effectmq_operator import builders
-from effectmq_operator.connections import SCHEDULER_NAMESPACE, Connections, RedisTarget
-from effectmq_operator.controller import QueueController
-from effectmq_operator.schedules import RESYNC_EVERY, ScheduleController
+from effectmq_operator.redis_pool import SCHEDULER_NAMESPACE, Connections, RedisTarget
+from effectmq_operator.queue_controller import QueueController
+from effectmq_operator.runtime.workqueue import DONE, RETRY
+from effectmq_operator.schedule_controller import RESYNC_EVERY, ScheduleController
 from tests.operator.test_operator_queues import apply, condition, events, get, queue_manifest
 from tests.operator.test_operator_schedules import parse, schedule_manifest
 from tests.support.operator import wait_for
 
-RECORD_SECONDS = 125  # the tick record: at least two minutes (issue 35, must show 2)
+RECORD_SECONDS = 125  # the tick record: at least two minutes
 
 
 def spellings(port: int) -> dict[str, str]:
@@ -112,9 +113,9 @@ async def test_garbage_collection_keeps_what_another_spelling_of_its_redis_place
         await connections.scheduler(a).put(ScheduleSpec.from_json(builders.schedule_spec(
             "shop", "deleted", {"queueRef": {"name": "emails"}, "schedule": "@daily", "task": {"name": "tick"}})))
 
-        assert await controller.collect_garbage(b) == 2  # the deleted one, and the moved one
-        assert await controller.collect_garbage(a) == 0
-        assert await controller.collect_garbage(b) == 0
+        assert await controller.ticks.collect_garbage(b) == 2  # the deleted one, and the moved one
+        assert await controller.ticks.collect_garbage(a) == 0
+        assert await controller.ticks.collect_garbage(b) == 0
         left = [s.id for s in await connections.scheduler(a).list()]
         assert left == ["other/every-second", "shop/every-second"], left
 
@@ -127,8 +128,8 @@ async def test_garbage_collection_keeps_what_another_spelling_of_its_redis_place
                 passes[target] += 1
                 return await tick()
             scheduler.tick = counted
-        controller.kube = StatusOnly()
-        loops = [asyncio.create_task(controller._tick_loop(t)) for t in (a, b)]
+        controller.kube = controller.ticks.kube = StatusOnly()  # the tick loops check leadership
+        loops = [asyncio.create_task(controller.ticks.loop(t)) for t in (a, b)]
         await asyncio.sleep(4.5)
         for loop in loops:
             loop.cancel()
@@ -159,20 +160,20 @@ async def test_a_reconcile_stores_a_missing_record_again_and_keeps_one_moved_bet
         body = _body("Schedule", *key, {"queueRef": {"name": "emails"}, "schedule": "* * * * * *",
                                         "task": {"name": "tick"}})
         controller.schedules.put(body)
-        assert await controller.reconcile(key, body)
+        assert await controller.reconcile(key, body) == DONE
         assert kube.ready() == ("True", "Ready")
         scheduler = connections.scheduler(controller.runtime[key].placed)
 
         assert await scheduler.remove("shop/every-second")  # by hand
         server.client().config_set("maxmemory", 1)
         try:
-            assert not await controller.reconcile(key, body)  # retried
+            assert await controller.reconcile(key, body) == RETRY
             assert kube.ready() == ("False", "ScheduleMissing"), kube.status
             assert kube.events[-1][:2] == ("Warning", "ScheduleMissing")
             assert await scheduler.status("shop/every-second") is None
         finally:
             server.client().config_set("maxmemory", 0)
-        assert await controller.reconcile(key, body)
+        assert await controller.reconcile(key, body) == DONE
         assert kube.ready() == ("True", "Ready")
         assert kube.events[-1][:2] == ("Warning", "ScheduleRestored"), kube.events
         assert await scheduler.status("shop/every-second") is not None
@@ -185,7 +186,7 @@ async def test_a_reconcile_stores_a_missing_record_again_and_keeps_one_moved_bet
         queue["metadata"] = {**queue["metadata"], "generation": 2, "resourceVersion": "2"}
         queues.queues.put(queue)
         posted = len(kube.events)
-        assert await controller.reconcile(key, body)
+        assert await controller.reconcile(key, body) == DONE
         assert controller.runtime[key].placed == RedisTarget(urls["name without db"])
         after = await scheduler.status("shop/every-second")
         assert (after.created_at, after.cursor, after.materialized) == (
@@ -232,7 +233,7 @@ def gaps(ticks: list[datetime]) -> list[tuple[datetime, datetime]]:
 
 def test_two_urls_of_one_redis_in_two_namespaces_miss_no_tick(kube_control_plane, kube_namespace, start_operator,
                                                              redis_server, redis_url, monkeypatch):
-    """Must show 2 of issue 35: shop/emails on one spelling, billing on another, each with
+    """Shop/emails on one spelling, billing on another, each with
     a Schedule every second: over two minutes, every tick of both is materialized."""
     plane, ns = kube_control_plane, kube_namespace
     other = f"{ns}-b"

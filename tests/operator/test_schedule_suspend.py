@@ -1,4 +1,4 @@
-"""A Schedule's suspension under the operator (issue 35, defect 3): the ticks that fall
+"""A Schedule's suspension under the operator: the ticks that fall
 due while it is suspended follow missedTicks whatever their age, and the grace for an
 operator restart (missedAfterSeconds) is set from the resource."""
 
@@ -9,7 +9,7 @@ import time
 
 import redis
 
-from effectmq_operator.connections import SCHEDULER_NAMESPACE
+from effectmq_operator.redis_pool import SCHEDULER_NAMESPACE
 from tests.operator.test_operator_queues import apply, get, queue_manifest
 from tests.operator.test_operator_schedules import parse, schedule_manifest, tick_tasks
 from tests.support.operator import wait_for

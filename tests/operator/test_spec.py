@@ -3,6 +3,7 @@
 import pytest
 import yaml
 
+from effectmq.protocol import settings
 from effectmq_operator.spec import MAX_QUEUE_NAME, QUEUE_DEFAULTS, InvalidSpec, QueueSpec
 from tests.support.processes import ROOT
 
@@ -27,7 +28,8 @@ def test_the_defaults_table_is_the_crds():
 
 def test_a_minimal_spec_gets_every_default():
     spec = QueueSpec.parse(MINIMAL)
-    assert spec.worker is None and spec.lock_timeout == 30 and spec.max_stalled_count == 1
+    assert spec.worker is None and spec.lock_timeout == settings.default("lock_timeout")
+    assert spec.max_stalled_count == settings.default("max_stalled_count")
     assert spec.scaling.max_replicas == 10 and spec.scaling.poll_interval == 10
     assert spec.retry == {"backoff": "Exponential", "initialDelaySeconds": 1, "maxDelaySeconds": 300, "jitter": True}
 
@@ -35,6 +37,33 @@ def test_a_minimal_spec_gets_every_default():
 def test_max_active_caps_the_replicas():
     spec = QueueSpec.parse({**MINIMAL, "maxActive": 20, "worker": {"image": "w", "handlers": "a:b", "concurrency": 8}})
     assert spec.scaling.replica_cap == 3 and spec.scaling.upper == 3
+
+
+def test_a_rate_limit_reaches_redis_and_scaling():
+    from effectmq_operator.builders import queue_settings
+
+    spec = QueueSpec.parse({**MINIMAL, "rateLimit": {"tasks": 50, "periodSeconds": 0.5}})
+    assert spec.rate_limit == (50, 0.5) and spec.scaling.has_rate_limit
+    assert queue_settings(spec)["rate_limit"] == (50, 0.5)
+    unlimited = QueueSpec.parse(MINIMAL)
+    assert unlimited.rate_limit is None and not unlimited.scaling.has_rate_limit
+    assert queue_settings(unlimited)["rate_limit"] is None  # removing the field lifts the limit in Redis
+
+
+@pytest.mark.parametrize("rate, message", [
+    ({"tasks": 0, "periodSeconds": 1}, r"spec.rateLimit.tasks: must be >= 1"),
+    ({"tasks": 10**9, "periodSeconds": 1}, r"spec.rateLimit.tasks: must be <= 100000"),
+    ({"tasks": 1.5, "periodSeconds": 1}, r"spec.rateLimit.tasks: must be an integer"),
+    ({"periodSeconds": 1}, r"spec.rateLimit.tasks: must be an integer"),
+    ({"tasks": 5, "periodSeconds": 0}, r"spec.rateLimit.periodSeconds: must be >= 0.001"),
+    ({"tasks": 5, "periodSeconds": "1m"}, r"spec.rateLimit.periodSeconds: must be a number"),
+    ({"tasks": 5, "periodSeconds": float("inf")}, r"spec.rateLimit.periodSeconds: must be a number"),
+    ({"tasks": 5, "periodSeconds": 10**7}, r"spec.rateLimit.periodSeconds: must be <= 86400"),
+    ({"tasks": 5}, r"spec.rateLimit.periodSeconds: must be a number"),
+])
+def test_an_invalid_rate_limit_names_its_field(rate, message):
+    with pytest.raises(InvalidSpec, match=message):
+        QueueSpec.parse({**MINIMAL, "rateLimit": rate})
 
 
 def test_prefetched_leases_count_toward_the_replicas_in_flight_work_occupies():
@@ -59,7 +88,7 @@ def test_prefetched_leases_count_toward_the_replicas_in_flight_work_occupies():
     ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "prefetch": -1}}, "q",
      r"spec.worker.prefetch: must be >= 0"),
     (MINIMAL, "x" * (MAX_QUEUE_NAME + 1), "at most 63 characters"),
-    # the core-typed fields of issue 39, as a local run (YAML that never met the API server) reads them
+    # the core-typed worker fields, as a local run (YAML that never met the API server) reads them
     ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "imagePullPolicy": "Sometimes"}}, "q",
      r"spec.worker.imagePullPolicy: one of Always, IfNotPresent, Never"),
     ({**MINIMAL, "worker": {"image": "w", "handlers": "a:b", "envFrom": {"secretRef": {"name": "s"}}}}, "q",
@@ -89,7 +118,8 @@ def schema_maxima(schema: dict, path: str = "") -> dict:
     out = {}
     for name, sub in (schema.get("properties") or {}).items():
         where = f"{path}.{name}" if path else name
-        if "maximum" in sub:
+        # the settings table's counts, and its numbers (rateLimit.periodSeconds)
+        if "maximum" in sub and (sub.get("type") == "integer" or where in settings.BY_FIELD):
             out[where] = sub["maximum"]
         out.update(schema_maxima(sub, where))
     return out
@@ -123,10 +153,47 @@ def test_the_minima_of_the_settings_table_are_the_crds():
     ("worker", "progressDeadlineSeconds", 86401, "spec.worker.progressDeadlineSeconds: must be <= 86400"),
 ])
 def test_intervals_beyond_their_bound_are_invalid(section, field, value, message):
-    """Issue 35, defect 8: pollIntervalSeconds 2147483647 was taken, then nothing ever scaled."""
+    """Was: pollIntervalSeconds 2147483647 was taken, then nothing ever scaled."""
     spec = {**MINIMAL, "worker": {"image": "w", "handlers": "a:b"}, "scaling": {}}
     spec[section] = {**spec[section], field: value}
     with pytest.raises(InvalidSpec, match=message):
         QueueSpec.parse(spec, "q")
     spec[section][field] = 3600 if field != "progressDeadlineSeconds" else 86400
     QueueSpec.parse(spec, "q")  # the bound itself is fine
+
+
+TRACING = SPEC_SCHEMA["properties"]["worker"]["properties"]["tracing"]
+
+
+@pytest.mark.parametrize("tracing, message", [
+    ({}, "otlpEndpoint: an http:// or https:// URL"),
+    ({"otlpEndpoint": "collector:4318"}, "otlpEndpoint: an http:// or https:// URL"),
+    ({"otlpEndpoint": "http://a, http://b"}, "otlpEndpoint"),
+    ({"otlpEndpoint": "http://" + "a" * 2048}, "at most 2048"),
+    ({"otlpEndpoint": "http://c:4318", "sampleRatio": 1.5}, "sampleRatio: a number from 0 to 1"),
+    ({"otlpEndpoint": "http://c:4318", "sampleRatio": True}, "sampleRatio"),
+    ({"otlpEndpoint": "http://c:4318", "links": "yes"}, "links: must be true or false"),
+    ("http://c:4318", "tracing: must be an object"),
+])
+def test_tracing_is_refused_as_the_crd_refuses_it(tracing, message):
+    """A local run (no API server) refuses what the CRD's schema would, naming the field."""
+    import re
+
+    spec = {"redis": {"url": "redis://r"}, "worker": {"image": "i", "handlers": "m:app", "tracing": tracing}}
+    with pytest.raises(InvalidSpec, match=re.escape(message)):
+        QueueSpec.parse(spec)
+    endpoint = tracing.get("otlpEndpoint") if isinstance(tracing, dict) else None
+    if isinstance(endpoint, str):  # the CRD's own pattern and bound agree on the endpoint
+        schema = TRACING["properties"]["otlpEndpoint"]
+        agrees = re.search(schema["pattern"], endpoint) is not None and len(endpoint) <= schema["maxLength"]
+        assert agrees == (message != "otlpEndpoint" and "URL" not in message and "at most" not in message)
+
+
+def test_tracing_bounds_are_the_crds():
+    from effectmq_operator.spec import MAX_ENDPOINT, OTLP_ENDPOINT
+
+    schema = TRACING["properties"]
+    assert schema["otlpEndpoint"]["maxLength"] == MAX_ENDPOINT
+    assert schema["otlpEndpoint"]["pattern"] == "^" + OTLP_ENDPOINT.pattern + "$"
+    assert (schema["sampleRatio"]["minimum"], schema["sampleRatio"]["maximum"]) == (0, 1)
+    assert TRACING["required"] == ["otlpEndpoint"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from effectmq_operator.threads import DaemonThreadPool
+from effectmq_operator.runtime.threads import DaemonThreadPool
 
 
 async def test_a_burst_of_calls_runs_side_by_side_up_to_the_size():

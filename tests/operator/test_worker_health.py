@@ -1,4 +1,4 @@
-"""Issue 35, defect 2: worker crash loops are judged from the pods themselves.
+"""Worker crash loops are judged from the pods themselves.
 
 The control plane here has no kubelet: the Deployment and ReplicaSet controllers create
 the worker pods, and these tests write the pods' status through the status subresource
@@ -7,7 +7,7 @@ restartCount and lastState.terminated with its exit code, reason and message). W
 the operator reads is therefore what it would read on a node; the one-node cluster
 (tests/cluster) runs the same images for real.
 
-Bound (Must show 3): a worker container that exits at start reaches its third restart
+Bound: a worker container that exits at start reaches its third restart
 about 70 s after it first started (the kubelet's back-off: 10 s, 20 s, 40 s); the Queue
 is Stalled, kstatus Failed, within one poll of that report (at most 10 s while its
 Deployment is not available, whatever pollIntervalSeconds says, plus POD_LIST_EVERY),
@@ -26,8 +26,8 @@ import pytest
 import yaml
 
 import effectmq
-from effectmq_operator.control import START_FAILURE_LIMIT
-from effectmq_operator.controller import POD_LIST_EVERY, UNAVAILABLE_POLL
+from effectmq_operator.queue_plan import START_FAILURE_LIMIT
+from effectmq_operator.queue_controller import POD_LIST_EVERY, UNAVAILABLE_POLL
 from tests.operator.test_operator_queues import apply, condition, events, get, queue_manifest
 from tests.support.operator import wait_for
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import redis.asyncio
 
 import effectmq
-from effectmq import protocol
-from effectmq.scripts import function_name, sha
+from effectmq.protocol import protocol
+from effectmq.protocol.scripts import function_name, sha
 
-PRIORITY_SPAN = 2 ** 40  # sequence numbers per priority band (lua/includes/indexes.lua)
+PRIORITY_SPAN = 2 ** 40  # sequence numbers per priority band (lua/includes/keys.lua)
 ORDER_KEY = "test:acquire-order"
 
 
@@ -53,7 +53,8 @@ class Recorder:
         async def run(args):
             if not isinstance(args, protocol.AcquireArgs):
                 return await unwrapped(args)
-            declared = runner.task_keys(args.task_ids()) + runner.receipt_keys(args.receipt_ids())
+            declared = (runner.task_keys(args.task_ids()) + runner.receipt_keys(args.receipt_ids())
+                        + runner.last_keys(args.last_keys))
             head = ("FCALL", function_name(args.operation)) if runner.functions else ("EVALSHA", sha(args.operation))
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.incr(ORDER_KEY)

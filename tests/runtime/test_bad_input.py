@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import effectmq
+from effectmq.protocol.codec import MAX_DEPTH
 from tests.fixtures.redis import free_port
 from tests.support.processes import ROOT
 
@@ -25,9 +26,33 @@ async def test_non_json_payloads_are_rejected_at_offer(queue, payload, fragment)
     assert (await queue.stats()).waiting == 0
 
 
+def nested(depth: int):
+    value: object = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 990, 100_000])
+async def test_payloads_nested_too_deep_are_rejected_at_offer(queue, depth):
+    """Deep JSON is refused with a clear error (not a RecursionError), below the depth a
+    worker can no longer decode, and nothing is stored."""
+    with pytest.raises(effectmq.InvalidPayload) as err:
+        await queue.offer("x", {"v": nested(depth)})
+    assert str(err.value) == f"payload of 'x' is nested more than {MAX_DEPTH} levels deep"
+    with pytest.raises(effectmq.InvalidPayload, match="nested more than"):
+        await queue.offer_many([("x", {"v": 1}), ("x", nested(depth))])
+    assert (await queue.stats()).waiting == 0
+
+
+async def test_a_payload_nested_to_the_limit_is_accepted(queue):
+    await queue.offer("x", nested(MAX_DEPTH - 1), task_id="deep")
+    assert (await queue.stats()).waiting == 1
+
+
 @pytest.mark.parametrize("options, fragment", [
     ({"delay": -1}, "delay must be >= 0"),
-    ({"delay": math.inf}, "delay must be >= 0"),
+    ({"delay": math.inf}, "delay must be a finite number"),
     ({"priority": 5000}, "priority must be between -1000 and 1000"),
     ({"priority": 1.5}, "priority must be an integer"),
     ({"max_retries": -2}, "max_retries must be >= 0"),
@@ -57,7 +82,7 @@ async def test_invalid_queue_names_and_settings(queue):
     with pytest.raises(effectmq.InvalidOption, match="unknown queue setting 'max_activ'"):
         await queue.configure(max_activ=3)
     with pytest.raises(effectmq.InvalidOption, match="unknown retry backoff"):
-        effectmq.retry.from_json({"backoff": "Linear"})
+        effectmq.client.retry.from_json({"backoff": "Linear"})
     with pytest.raises(effectmq.InvalidOption, match="lock_timeout"):
         effectmq.TaskQueue("q", lock_timeout=-1)
 
@@ -113,3 +138,11 @@ def test_worker_cli_reports_bad_handlers():
 def test_offer_cli_rejects_invalid_json(redis_url):
     res = cli("offer", "x", "{not json", "--queue", "q", "--url", redis_url)
     assert res.returncode == 2 and "payload is not valid JSON" in res.stderr
+
+
+@pytest.mark.parametrize("depth, code", [(MAX_DEPTH + 1, 1), (5000, 2)])  # refused by the queue; unreadable
+def test_offer_cli_rejects_json_nested_too_deep(redis_url, depth, code):
+    res = cli("offer", "x", "[" * depth + "]" * depth, "--queue", "q", "--url", redis_url)
+    assert res.returncode == code and "Traceback" not in res.stderr, res.stderr
+    assert "nested more than" in res.stderr or "nested too deep to decode" in res.stderr, res.stderr
+    assert "must be plain JSON" not in res.stderr  # one clear reason, not two wrapped

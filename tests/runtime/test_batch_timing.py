@@ -1,10 +1,10 @@
-"""The pure timing of the completion batcher (effectmq.batch_timing): when a batch goes."""
+"""The pure timing of the completion batcher (effectmq.worker.batch_timing): when a batch goes."""
 
 from __future__ import annotations
 
 import pytest
 
-from effectmq.batch_timing import JOIN_WAIT, BatchTiming
+from effectmq.worker.batch_timing import JOIN_WAIT, BatchTiming
 
 
 def timing(handler_time: float, call_time: float) -> BatchTiming:

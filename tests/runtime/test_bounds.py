@@ -1,4 +1,4 @@
-"""Bounded calls and bounded shutdown (issue 12, must-show 2 and 8)."""
+"""Every Redis call has a time bound, and a worker's shutdown finishes in bounded time."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 import pytest
 
 import effectmq
-from effectmq import protocol
+from effectmq.protocol import protocol
 from tests.support.commandstats import script_calls
 from tests.support.inprocess import make_worker
 

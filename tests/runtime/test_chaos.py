@@ -64,8 +64,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import effectmq
-from effectmq.keys import INDEXES, QueueKeys
-from effectmq.models import parse_task
+from effectmq.protocol.keys import INDEXES, QueueKeys
+from effectmq.client.models import parse_task
 from tests.fixtures.proxy import TcpProxy, _drop
 from tests.support.processes import WorkerProcess
 
@@ -80,6 +80,11 @@ DRAIN = 1.0
 WORKER_ARGS = ["--lock-timeout", str(LOCK), "--maintenance-interval", str(MAINTENANCE),
                "--concurrency", str(CONCURRENCY), "--drain-timeout", str(DRAIN)]
 FAULT_PHASE = 45.0  # seconds of faults (and of offers)
+# Tasks of three groups and without one, under a rate limit below the offers' pace (about
+# 12 a second): fair turns and the log of starts go through every fault too, and no window
+# of the limit's period holds more lease starts (lifecycle events, by Redis time) than it allows.
+GROUPS = (None, "tenant-a", "tenant-b", "tenant-c")
+RATE_LIMIT = (10, 1.0)
 SETTLE_TIMEOUT = 150.0  # generous: a loaded 2-core machine
 HIGH_STALL_CAP = 100
 KINDS = ("kill", "stop", "term", "redis", "cut", "hold")
@@ -367,10 +372,11 @@ class Chaos:
             long = rng.random() < 0.2
             payload = {"sleep": round(rng.uniform(1.2, 2.5) if long else rng.uniform(0.02, 0.6), 3)}
             cap = None if rng.random() < 1 / 3 else HIGH_STALL_CAP
+            group = rng.choice(GROUPS)
             unknown, first_sent = 0, time.time()
             while True:
                 try:
-                    offered = await queue.offer("chaos", payload, task_id=tid, max_stalled_count=cap)
+                    offered = await queue.offer("chaos", payload, task_id=tid, max_stalled_count=cap, group=group)
                     break
                 except effectmq.RedisUnavailable:
                     unknown += 1
@@ -496,8 +502,8 @@ async def test_chaos_seeded_faults_lose_nothing_and_accept_no_stale_ack(make_red
     producer = effectmq.TaskQueue(QUEUE, url=chaos.producer_proxy.url, lock_timeout=LOCK, socket_timeout=3.0)
     # Keep every lifecycle event of the run: the checker learns from them when an attempt
     # that never reached its handler was acquired, and which fault explains it. Since
-    # events are written only while somebody reads them (issue 15), it must ask for them.
-    await direct.configure(events_maxlen=1_000_000, events_always=True)
+    # events are written only while somebody reads them, it must ask for them.
+    await direct.configure(events_maxlen=1_000_000, events_always=True, rate_limit=RATE_LIMIT)
     stop_watch = asyncio.Event()
     watcher = None
     stop_stalls = threading.Event()
@@ -538,6 +544,8 @@ async def test_chaos_seeded_faults_lose_nothing_and_accept_no_stale_ack(make_red
                           f"still {info.state} after {SETTLE_TIMEOUT}s (attempt {info.attempt}, "
                           f"stalls {info.stalled_attempt_count})"))
         settled_in = time.time() - fault_end
+        for counted in await direct.groups():  # every grouped task settled: no group counts one waiting
+            chaos.problem("group counts", f"{counted} after every task settled")
 
         # -- health: new long tasks (several renewals each) on the surviving workers --
         probes = [f"probe{i:02d}" for i in range(WORKERS * CONCURRENCY)]
@@ -611,6 +619,14 @@ async def test_chaos_seeded_faults_lose_nothing_and_accept_no_stale_ack(make_red
             acquired[current[tid]] = at
     hashes = {tid: r.hgetall(keys.task(tid)) for tid in [*chaos.confirmed, *probes]}
     index = {name: set(r.zrange(keys.key(name), 0, -1)) for name in INDEXES}
+    starts = sorted(int(entry_id.split("-")[0]) for entry_id, fields in r.xrange(keys.key("events"), "-", "+")
+                    if fields.get("event") == "active")
+    tasks, period_ms = RATE_LIMIT[0], RATE_LIMIT[1] * 1000
+    for i in range(len(starts) - tasks):
+        if starts[i + tasks] - starts[i] < period_ms:
+            chaos.problem("rate limit", f"{tasks + 1} lease starts within {starts[i + tasks] - starts[i]} ms "
+                                        f"(from {starts[i]} ms, Redis time)")
+            break
 
     def explained(tid: str, attempt: int) -> str | None:
         """The fault that explains why this attempt's result was not the accepted one."""

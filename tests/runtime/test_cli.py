@@ -163,3 +163,30 @@ async def test_maintain_and_the_worker_name_the_batch_alike(redis_url, capsys, m
     assert done.returncode == 0 and "promoted" in json.loads(done.stdout), done.stderr
     old = cli("maintain", "--queue", "maint", "--url", redis_url, "--batch", "5")
     assert old.returncode == 0 and "--batch is deprecated: use --maintenance-batch" in old.stderr, old.stderr
+
+
+async def test_rate_limit_and_hold_from_the_command_line(redis_url):
+    common = ["--queue", "limited", "--url", redis_url]
+    assert cli("offer", "call_api", "1", *common).returncode == 0
+    q = effectmq.TaskQueue("limited", url=redis_url)
+    assert cli("rate-limit", *common).stdout.strip() == "queue limited: no rate limit"
+    done = cli("rate-limit", "100/1s", *common)
+    assert done.stdout.strip() == "queue limited: at most 100 starts in any 1s (0 in the current window)"
+    assert (await q.settings())["rate_limit"] == (100, 1.0)
+    assert json.loads(cli("rate-limit", "5/0.5", "--json", *common).stdout)["rate_limit"] == [5, 0.5]
+    for bad, says in (("100", "a rate limit is TASKS/PERIOD"), ("x/1s", "a rate limit is TASKS/PERIOD"),
+                      ("0/1s", "rate_limit tasks must be >= 1"), ("10/0", "must be >= 0.001"),
+                      ("1000000/1s", "must be <= 100000")):
+        refused = cli("rate-limit", bad, *common)
+        assert refused.returncode == 2 and says in refused.stderr and "Traceback" not in refused.stderr, bad
+    assert (await q.settings())["rate_limit"] == (5, 0.5)  # a refused limit changed nothing
+    assert cli("rate-limit", "off", *common).stdout.strip() == "queue limited: no rate limit"
+    assert (await q.settings()).get("rate_limit") is None
+
+    held = cli("hold", "30", *common)
+    assert held.returncode == 0 and held.stdout.startswith("queue limited: no task starts for 30")
+    assert await q.acquire() is None and 25 < (await q.stats()).starts_held_for <= 30
+    assert "starts held for" in cli("rate-limit", *common).stdout
+    refused = cli("hold", "inf", *common)
+    assert refused.returncode == 2 and "seconds must be a finite number" in refused.stderr
+    await q.close()

@@ -1,4 +1,4 @@
-"""What `effectmq` says when the input is bad or Redis is not there (issue 39): one prefix
+"""What `effectmq` says when the input is bad or Redis is not there: one prefix
 on stderr (`effectmq: error: ...`), no traceback, and the exit codes docs/cli.md lists:
 0 done, 1 failed, 2 bad input (usage), 3 Redis unavailable."""
 
@@ -12,7 +12,7 @@ import pytest
 import redis
 
 import effectmq
-from effectmq.redaction import SCHEMES
+from effectmq.transport.redaction import SCHEMES
 from tests.fixtures.redis import free_port
 from tests.support.processes import ROOT
 
@@ -90,8 +90,8 @@ def test_one_bad_url_message_names_every_scheme(url, command):
 
 
 def test_the_operator_names_the_same_url_forms():
-    from effectmq.connection import URL_KINDS
-    from effectmq_operator.connections import ConfigProblem, Connections
+    from effectmq.transport.connection import URL_KINDS
+    from effectmq_operator.redis_pool import ConfigProblem, Connections
     from effectmq_operator.spec import RedisSpec
 
     import asyncio
@@ -114,7 +114,7 @@ def test_unreachable_redis_exits_3():
 
 
 async def test_a_wrong_or_missing_password_is_redis_refused(make_redis):
-    """The README says so; it was RedisUnavailable (retry with backoff: it never helps)."""
+    """docs/concepts.md says so; it was RedisUnavailable (retry with backoff: it never helps)."""
     server = make_redis(password="the-right-one")
     wrong = server.url.replace("the-right-one", "a-wrong-one")
     missing = f"redis://127.0.0.1:{server.port}/0"

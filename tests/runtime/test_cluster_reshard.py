@@ -1,5 +1,5 @@
 """Redis Cluster: the slot of a busy queue moves to another master (a resharding) while a
-Worker serves it and a producer offers to it (issue 34, defect 8).
+Worker serves it and a producer offers to it.
 
 While a slot migrates, Redis refuses a multi-key call whose keys are not all on the
 node asked: TRYAGAIN from the source once some of them moved, and from the target
@@ -33,9 +33,9 @@ from typing import Any, Callable
 import pytest
 
 import effectmq
-from effectmq import routing
+from effectmq.protocol import routing
 from effectmq.errors import RedisUnavailable
-from effectmq.keys import QueueKeys
+from effectmq.protocol.keys import QueueKeys
 
 from .test_sentinel import wait_until
 
@@ -339,7 +339,7 @@ async def test_a_call_refused_longer_than_its_patience_is_a_retryable_error(redi
 def test_a_call_waits_for_a_migration_as_long_as_for_a_reply_and_a_lease_call_a_third_of_its_lease():
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-    from effectmq import protocol
+    from effectmq.protocol import protocol
 
     client = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", 1)], socket_timeout=15.0)
     stats = protocol.StatsArgs()
@@ -355,7 +355,7 @@ def test_a_refusal_by_a_moving_slot_is_retryable():
     from it, the heartbeat tries again inside the safety window."""
     import redis.exceptions as redis_errors
 
-    from effectmq.connection import classify_reply
+    from effectmq.transport.connection import classify_reply
 
     for error, code in ((redis_errors.TryAgainError("Multiple keys request during rehashing of slot"), "TRYAGAIN"),
                         (redis_errors.AskError("3999 127.0.0.1:6381"), "ASK"),

@@ -1,4 +1,4 @@
-"""Every Lua script declares in KEYS every key it touches (issue 14, must show 2).
+"""Every Lua script declares in KEYS every key it touches.
 
 Redis 7.0 lets a script touch undeclared keys of the same slot; Redis Cluster
 proxies that route on KEYS do not, and the project's rule is that every script
@@ -14,6 +14,7 @@ import asyncio
 import redis
 
 import effectmq
+from effectmq.protocol import protocol
 from effectmq.scheduler import Scheduler, ScheduleSpec
 from effectmq.scheduler import store as schedule_store
 from tests.scheduler.support import rewind
@@ -60,7 +61,7 @@ def test_the_check_reports_an_undeclared_key_and_accepts_a_declared_one(redis_ur
 
 
 def test_every_known_script_is_named():
-    assert _scripts("engine") == {f"engine:{op}" for op in effectmq.protocol.SCRIPTS} and len(_scripts("engine")) == 15
+    assert _scripts("engine") == {f"engine:{op}" for op in protocol.SCRIPTS} and len(_scripts("engine")) == 17
     assert _scripts("scheduler") == {f"scheduler:{op}" for op in schedule_store.OPERATIONS}
     # no SHA or function name shared: the engine's by SHA (EVALSHA) and by function (FCALL)
     assert len(set(known_scripts())) == 2 * len(_scripts("engine")) + len(_scripts("scheduler"))
@@ -91,7 +92,7 @@ async def test_every_engine_script_declares_the_keys_it_touches(redis_url):
 
     try:
         with strict_keys(redis_url) as check:
-            await queue.configure(dedup_window=3600, max_active=100)
+            await queue.configure(dedup_window=3600, max_active=100, rate_limit=(1000, 1.0))  # logs the starts
             await queue.offer("work", "a", task_id="by-hand")
             await queue.offer_many([("work", "b", {"task_id": "stalls"}), ("work", "c", {"task_id": "canceled"})])
             await queue.offer("work", "d", task_id="later", delay=0.2)
@@ -110,8 +111,10 @@ async def test_every_engine_script_declares_the_keys_it_touches(redis_url):
             stalled = [await queue.acquire(lock_timeout=0.05) for _ in range(3)]  # never renewed
             assert {s.task_id for s in stalled if s} >= {"stalls"}
             await asyncio.sleep(0.3)
-            report = await queue.maintain()  # recovers the expired leases, promotes "later"
-            assert report.recovered >= 1
+            await queue.worker_beat("by-hand", 1, 1, 60, pod=effectmq.PodIdentity("pod-a", "uid-a", "node-a"))
+            await queue.record_worker_ending(effectmq.WorkerEnding("pod-a", "uid-a", "node-a", "oom_killed", 137))
+            report = await queue.maintain()  # recovers the expired leases (named oom_killed), promotes "later"
+            assert report.recovered >= 1 and report.stall_causes == {"oom_killed": report.recovered}
             await queue.sweep(budget=0.1)
 
             await queue.offer_many([("work", "flaky", {"task_id": "flaky"}),
@@ -129,8 +132,9 @@ async def test_every_engine_script_declares_the_keys_it_touches(redis_url):
             await queue.offer("work", "f", task_id="lost-reply")  # leased by a call whose reply is lost
             lease = await queue.acquire()
             prefix = lease.token.rsplit(":", 1)[0]
-            assert (await queue._scripts.run(effectmq.protocol.ReclaimArgs(prefix, ["lost-reply"]))).reclaimed == 1
+            assert (await queue._scripts.run(protocol.ReclaimArgs(prefix, ["lost-reply"]))).reclaimed == 1
             await queue.stats()
+            await queue.hold_starts(0)
     finally:
         await queue.close()
     assert attempts["flaky"] == 2 and attempts["broken"] == 2

@@ -1,4 +1,4 @@
-"""Issue 34's defects on the scripts' error paths, each reproduced against real Redis (each
+"""The scripts' error paths keep every task, each case against real Redis (each case
 lost or corrupted a task on 8519fde): what the client sends is whatever a user or a
 handler could make it send, bypassing the Python checks where those now come first."""
 
@@ -12,8 +12,8 @@ import pytest
 import redis.asyncio as aioredis
 
 import effectmq
-from effectmq import protocol
-from effectmq.queue import offer_argv
+from effectmq.protocol import protocol
+from effectmq.client.queue import offer_argv
 from tests.support.inprocess import make_worker, running
 from tests.support.write_rule import queue_invariants
 
@@ -32,8 +32,8 @@ async def _fail_raw(q, lease, error_json: str, max_retries: int = 3) -> protocol
 
 
 @pytest.mark.parametrize("data", [
-    "1" + "0" * 400,  # an int beyond double range: cjson reads inf and cannot write it back (defect 1)
-    "[" * 1100 + "]" * 1100,  # deeper than cjson reads (defect 9)
+    "1" + "0" * 400,  # an int beyond double range: cjson reads inf and cannot write it back
+    "[" * 1100 + "]" * 1100,  # deeper than cjson reads
 ])
 async def test_error_data_lua_cannot_reencode_still_counts_one_handler_failure(make_queue, redis_url, data):
     q = make_queue("bigerr", lock_timeout=60)
@@ -88,7 +88,7 @@ def _documented_acl_users() -> list[list[str]]:
 @pytest.mark.parametrize("acl", _documented_acl_users(), ids=lambda acl: acl[1])
 async def test_a_restricted_user_as_documented_loses_nothing_and_the_worker_never_stops(redis_url, redis_server, acl,
                                                                                         caplog):
-    """Defect 2: Redis 7 denies channels by default (acl-pubsub-default resetchannels). A
+    """Redis 7 denies channels by default (acl-pubsub-default resetchannels). A
     user allowed the queue's keys only: complete of a task somebody waits on, offer and
     maintain used to fail after their first write; the worker stopped. With the
     channels too, an idle worker starts a new task at once (a wake-up, not a poll)."""
@@ -141,7 +141,7 @@ async def test_a_restricted_user_as_documented_loses_nothing_and_the_worker_neve
 
 
 async def test_promote_batch_beyond_luas_unpack_limit_still_promotes(make_queue, redis_url):
-    """Defect 3: 9,000 due delayed tasks named to one acquire failed it on unpack (every
+    """Was: 9,000 due delayed tasks named to one acquire failed it on unpack (every
     worker crash-looped, the completions in the same call lost their index entries)."""
     q = make_queue("promote", lock_timeout=60, retention_completed=0)
     await q.offer_many([("t", i, {"task_id": f"d{i}", "delay": 0.001}) for i in range(9000)])
@@ -161,7 +161,7 @@ async def test_promote_batch_beyond_luas_unpack_limit_still_promotes(make_queue,
 
 
 async def test_a_setting_beyond_2_to_the_63_keeps_records_for_ever(make_queue):
-    """Defect 7, where Lua formats numbers: a retention of 2^63 ms printed as a negative
+    """Where Lua formats numbers: a retention of 2^63 ms used to print as a negative
     number, so the next maintain deleted the record and its dedup reservation."""
     q = make_queue("huge", lock_timeout=60)
     await q.redis.hset(q.keys.key("meta"), mapping={"retention_completed_ms": str(2 ** 63 + 10),
@@ -178,7 +178,7 @@ async def test_a_setting_beyond_2_to_the_63_keeps_records_for_ever(make_queue):
 
 
 async def test_one_explicit_id_twice_in_one_offer_call_is_created_once(make_queue):
-    """Defect 10, in the script: the second entry is a re-offer (created 0), the first's
+    """In the script: the second entry is a re-offer (created 0), the first's
     options stay."""
     q = make_queue("twice")
     _, first = offer_argv("t", 1, task_id="same", priority=5)

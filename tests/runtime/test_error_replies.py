@@ -1,5 +1,5 @@
 """Redis error replies (OOM, BUSY, READONLY, LOADING) during a run with long handlers:
-no worker loop dies, no healthy attempt stalls, every task completes (issue 12, must-show 1).
+no worker loop dies, no healthy attempt stalls, every task completes.
 
 Each fault is real: `CONFIG SET maxmemory`, a long-running EVAL, `REPLICAOF` an
 unreachable primary, a restart that loads a large dataset slowly.
@@ -175,7 +175,7 @@ def parsed(reply: str) -> redis_errors.RedisError:
             "write against a read only replica."), "READONLY", True),
 ])
 def test_every_reply_class_is_classified(reply, code, retryable):
-    from effectmq.connection import classify_reply
+    from effectmq.transport.connection import classify_reply
 
     kind = classify_reply(reply)
     assert (kind.code, kind.retryable) == (code, retryable), (reply, kind)  # the log line names the class
@@ -191,7 +191,7 @@ def test_a_reply_to_a_pipelined_command_is_classified_by_its_own_code(text, code
     maintenance's pipeline was taken for ERR and stopped the worker (a CI run of 5178c5f)."""
     from redis.asyncio.client import Pipeline
 
-    from effectmq.connection import classify_reply
+    from effectmq.transport.connection import classify_reply
 
     reply = parsed(text)
     Pipeline.annotate_exception(None, reply, 1, ["ZRANGE", "{emq:q}:active", "-inf", "1796213196220", "BYSCORE"])
@@ -317,7 +317,7 @@ async def test_a_progress_report_redis_refuses_does_not_fail_the_attempt(make_re
     (("--rename-command", "CONFIG", ""), False),  # a managed Redis that does not say: no guess
 ])
 async def test_a_worker_warns_once_when_redis_may_evict_tasks(make_redis, caplog, redis_args, warned):
-    """The README requires maxmemory-policy noeviction (an evicted key is lost work);
+    """docs/operations.md requires maxmemory-policy noeviction (an evicted key is lost work);
     a worker started against a Redis that evicts says so at start, as BullMQ does, and runs."""
     server = make_redis(extra_args=redis_args)
     q = effectmq.TaskQueue("evicts", url=server.url)

@@ -1,4 +1,4 @@
-"""Fenced ownership: only the current attempt's token may write (issue must-show 1 and 2)."""
+"""Fenced ownership: only the current attempt's token may write."""
 
 import asyncio
 
@@ -6,7 +6,7 @@ import pytest
 
 import effectmq
 from effectmq import LeaseLost
-from effectmq.protocol import Outcome
+from effectmq.protocol.protocol import Outcome
 
 
 async def expire(queue, lease):
@@ -101,8 +101,8 @@ async def test_cancel_of_active_task_fences_its_attempt(queue):
 
 
 async def test_stalls_are_counted_apart_from_failures(make_queue):
-    q = make_queue("stalls", lock_timeout=0.2, max_retries=5, retry=effectmq.Fixed(0))
-    await q.offer("x", None, task_id="s1")  # default max_stalled_count = 1
+    q = make_queue("stalls", lock_timeout=0.2, max_retries=5, max_stalled_count=1, retry=effectmq.Fixed(0))
+    await q.offer("x", None, task_id="s1")  # the queue's max_stalled_count: 1
 
     lease = await q.acquire()
     assert await lease.fail(effectmq.ErrorInfo("Declined")) is True  # typed failure, retried at once

@@ -9,8 +9,8 @@ import pytest
 import redis.exceptions as redis_errors
 
 import effectmq
-from effectmq import scripts
-from effectmq.protocol import SCRIPTS
+from effectmq.protocol import scripts
+from effectmq.protocol.protocol import SCRIPTS
 from tests.fixtures.redis import free_port, has_functions
 
 
@@ -21,7 +21,7 @@ def test_the_library_registers_every_operation_and_resets_every_definition_per_c
     assert {fn for fn, _ in registered} == {scripts.function_name(op) for op in SCRIPTS}
     # Only the scripts a full Redis must refuse lack allow-oom (includes/writes.lua, FIRST_WRITE_FREES).
     refused = {fn for fn, flags in registered if "allow-oom" not in flags and "no-writes" not in flags}
-    assert refused == {scripts.function_name(op) for op in ("offer", "progress")}
+    assert refused == {scripts.function_name(op) for op in ("offer", "progress", "hold")}
     # Those that write nothing say so, or a read-only replica refuses them (FCALL is a write).
     assert {fn for fn, flags in registered if "no-writes" in flags} == \
         {scripts.function_name(op) for op in ("stats", "live_workers")}

@@ -1,11 +1,11 @@
-"""The pure decisions of the heartbeat (effectmq.heartbeat): when to renew, when to stop."""
+"""The pure decisions of the heartbeat (effectmq.worker.heartbeat): when to renew, when to stop."""
 
 from __future__ import annotations
 
 import pytest
 
-from effectmq import heartbeat
-from effectmq.heartbeat import Action
+from effectmq.worker import heartbeat
+from effectmq.worker.heartbeat import Action
 
 
 @pytest.mark.parametrize("lock_timeout, margin", [

@@ -1,5 +1,5 @@
 """The worker's handler import puts its working directory after the standard library, not
-first (issue 36, Low: a writable directory ahead of the standard library could shadow any
+first (a writable directory ahead of the standard library could shadow any
 module the worker imports later)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every number a user gives is bounded where it enters, error data that cannot be stored
-becomes a placeholder, and batches behave (issue 34: defects 1, 7, 9, 10 and 12)."""
+becomes a placeholder, and batches behave."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import time
 import pytest
 
 import effectmq
-from effectmq import protocol
-from effectmq.engine import error_json
+from effectmq.protocol import protocol
+from effectmq.client.engine import error_json
 from effectmq.errors import ErrorInfo
-from effectmq.keys import INDEXES
+from effectmq.protocol.keys import INDEXES
 
 YEARS_10 = 315_360_000  # seconds: protocol.MAX_DURATION
 COUNT = 2**31 - 1  # protocol.MAX_COUNT
@@ -35,7 +35,7 @@ def test_the_limits_keep_every_millisecond_value_far_below_2_to_the_53():
     assert effectmq.errors.UNSTORABLE == UNSTORABLE
 
 
-# -- defect 7: huge options overflow ----------------------------------------------------
+# -- huge options are refused before they overflow ----------------------------------------------------
 
 
 @pytest.mark.parametrize("option, value, limit", [
@@ -188,7 +188,7 @@ async def test_retention_at_its_maximum_keeps_the_record_through_maintain(make_q
     assert not (await zero.offer("x", None, task_id="tick")).created
 
 
-# -- defects 1 and 9: error data that cannot be stored ------------------------------------
+# -- error data that cannot be stored ----------------------------------------------
 
 
 def deep(levels: int):
@@ -307,7 +307,7 @@ async def test_stored_errors_survive_lua_cjson(make_queue):
 
 
 def test_error_info_never_raises_for_what_a_handler_raised():
-    from effectmq.engine import error_info
+    from effectmq.client.engine import error_info
 
     class Broken(Exception):
         def __str__(self):
@@ -326,7 +326,7 @@ def test_error_info_never_raises_for_what_a_handler_raised():
     assert retryable and UNSTORABLE in error_json(info)
 
 
-# -- defect 10: one explicit id twice in one offer_many ---------------------------------
+# -- one explicit id twice in one offer_many -------------------------------------
 
 
 async def test_a_repeated_explicit_id_in_one_batch_reports_created_false(queue):
@@ -354,7 +354,7 @@ async def test_a_repeated_explicit_id_in_one_batch_reports_created_false(queue):
     assert await queue.get("new") is None
 
 
-# -- defect 12: offer_many lets the caller's event loop run --------------------------------
+# -- offer_many lets the caller's event loop run ------------------------------------
 
 
 async def test_offer_many_of_200k_tasks_does_not_block_the_event_loop(make_queue):
@@ -363,8 +363,8 @@ async def test_offer_many_of_200k_tasks_does_not_block_the_event_loop(make_queue
     2-core machine stretches by descheduling the process): offer_many's own work between
     two yields under 0.1 s, and with the collector's passes (gen-2 passes over the 200,000
     records held, 40-100 ms each here) under 0.2 s. Before, everything was encoded before
-    the first chunk was sent: one stretch of 1.38 s of CPU (wall 1.47 s) here; the issue
-    measured 0.29 s."""
+    the first chunk was sent: one stretch of 1.38 s of CPU (wall 1.47 s) here, 0.29 s
+    on the machine where it was first measured."""
     q = make_queue("bulk")
     await q.ping()
     gaps: list[tuple[float, float, float]] = []  # CPU time between ticks, the collector's part, wall time
@@ -455,7 +455,7 @@ async def test_the_default_backoff_past_a_thousand_failures_is_its_maximum_and_t
 def test_offer_nonces_have_53_random_bits():
     """Suspected from reading 8519fde: 31 bits. A resend recognizes its own tasks by the
     nonce, so a collision reports created=True for another call's task."""
-    from effectmq.queue import offer_argv
+    from effectmq.client.queue import offer_argv
 
     nonces = {int(protocol.OfferArgs([offer_argv("t", 1, task_id="a")[1]]).nonce) for _ in range(2000)}
     assert len(nonces) == 2000 and max(nonces) < 2 ** 53 + 1

@@ -1,4 +1,4 @@
-"""Scripts touch only task hashes whose ids the caller knew before the call (issue 14).
+"""Scripts touch only task hashes whose ids the caller knew before the call.
 
 A settlement publishes on the task's channel only while somebody waits: on a cluster a
 PUBLISH reaches every node, and 1,000 completions sent 1,000 messages nobody read.
@@ -15,7 +15,7 @@ import time
 import pytest
 
 import effectmq
-from effectmq import protocol
+from effectmq.protocol import protocol
 from tests.support.commandstats import script_calls
 from tests.support.inprocess import drain
 

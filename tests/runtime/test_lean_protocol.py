@@ -1,4 +1,4 @@
-"""Less Redis work per task with the same guarantees (issue 15), and what the dashboard reads.
+"""Less Redis work per task with the same guarantees, and what the dashboard reads.
 
 Was: three event-stream writes per task with nobody reading, a `ready_since` sorted set
 kept only for the oldest-waiting age, 9 commands per offered task and 18 per leased and
@@ -15,7 +15,7 @@ import pytest
 import redis
 
 import effectmq
-from effectmq import scripts
+from effectmq.protocol import protocol, scripts
 from effectmq.errors import TaskError
 from tests.support.commandstats import script_calls
 from tests.support.inprocess import drain, make_worker, running
@@ -316,7 +316,7 @@ async def test_a_call_keeps_one_receipt_for_the_records_it_deletes_not_a_marker_
     leases, _ = await q.acquire_many(10)
     assert len(leases) == 10
     outcomes, more = await q.engine.complete_and_acquire([(lease, "null") for lease in leases], 10)
-    assert outcomes == [effectmq.protocol.Outcome.COMPLETED] * 10 and len(more) == 10
+    assert outcomes == [protocol.Outcome.COMPLETED] * 10 and len(more) == 10
     assert await q.redis.zcard(q.keys.key("settled")) == 0
     receipts = [key async for key in q.redis.scan_iter(match=q.keys.key("r:*"))]
     assert len(receipts) == 1
@@ -348,7 +348,7 @@ async def test_a_settlement_resent_after_a_lost_reply_is_found_in_the_receipt(tc
         assert await q.get(leases[0].task_id) is None  # it landed: the records are gone
         # The resend, in a call of its own, names the first call's receipt.
         outcomes = await q.engine.complete_many([(lease, "null") for lease in leases])
-        assert outcomes == [effectmq.protocol.Outcome.COMPLETED] * 2 + [effectmq.protocol.Outcome.LOST]
+        assert outcomes == [protocol.Outcome.COMPLETED] * 2 + [protocol.Outcome.LOST]
         with pytest.raises(effectmq.AlreadySettled, match="completed"):
             await leases[0].release()
         with pytest.raises(effectmq.AlreadySettled, match="completed"):

@@ -1,4 +1,4 @@
-"""Leases nobody will run go back to the queue at once, without a stall (issue 34: 4, 5, 6).
+"""Leases nobody will run go back to the queue at once, without a stall.
 
 A lease an acquire call took is someone's to run, or is handed back: the leases of the
 earlier rounds of `acquire_many` when a later round fails, those of a call whose reply
@@ -19,7 +19,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 import effectmq
-from effectmq import engine, errors, protocol
+from effectmq.client import engine
+from effectmq import errors
+from effectmq.protocol import protocol
 from tests.support.inprocess import make_worker, running, settled
 
 
@@ -43,7 +45,7 @@ async def states(queue, ids):
     return [(i.state, i.attempt, i.stalled_attempt_count) for i in [await queue.get(t) for t in ids]]
 
 
-# -- Defect 4: the rounds of acquire_many ------------------------------------------
+# -- the rounds of acquire_many -----------------------------------------------
 
 
 async def test_acquire_many_returns_the_leases_of_earlier_rounds_when_a_later_round_fails(tcp_proxy, make_queue):
@@ -96,7 +98,7 @@ async def test_acquire_many_cancelled_in_a_later_round_hands_back_the_earlier_ro
     assert await states(q, ["a0", "a1", "b0", "b1", "b2"]) == [("completed", 1, 0)] * 5
 
 
-# -- Defect 5: lost replies ----------------------------------------------------------
+# -- lost replies ---------------------------------------------------------------
 
 
 async def test_each_acquire_call_mints_tokens_of_its_own_prefix(make_queue):
@@ -263,7 +265,7 @@ async def test_a_held_lease_the_heartbeat_drops_is_released_not_stalled(make_que
 
 
 async def test_a_renewal_out_while_the_drain_hands_back_a_held_lease_does_not_stop_the_worker(make_queue):
-    # Defect 6: the drain handed the held lease back without marking it; the renewal that was
+    # Was: the drain handed the held lease back without marking it; the renewal that was
     # out meanwhile answered "not owned", the heartbeat took that for a lost lease and
     # `self._held.remove` raised ValueError: the worker stopped with it (run() raised).
     q = make_queue("drain-renewal", lock_timeout=3)
@@ -394,7 +396,7 @@ async def test_a_renewal_racing_a_batched_completion_is_not_a_lease_loss(make_qu
     assert completed == 1
 
 
-# -- Defect 11: callers of one process share a call -----------------------------------
+# -- callers of one process share a call ----------------------------------------
 
 
 def count_calls(queue) -> dict[str, int]:

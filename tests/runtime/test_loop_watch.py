@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 import effectmq
-from effectmq.loopwatch import newly_blocked
+from effectmq.eventloop.loopwatch import newly_blocked
 from tests.support.inprocess import make_worker, running
 
 LAG = "effectmq_worker_event_loop_lag_seconds"
@@ -123,3 +123,40 @@ async def test_a_paused_process_is_told_apart_from_a_blocking_handler(redis_url,
     assert "async handler" not in text, text
     # (the watcher thread or the loop may run first after SIGCONT: the loop's own line has no stack)
     assert all("the whole process was paused or starved of CPU" in line for line in lines if "blocked for" in line)
+
+
+def test_a_loop_waking_up_is_not_reported_as_blocked_by_its_own_tick(caplog):
+    # After SIGCONT the loop's first tick and the watcher raced: the watcher still saw the
+    # old tick time, found the loop inside the tick's own logging call and blamed "blocking
+    # code in an async handler" at that line.
+    import threading
+
+    from effectmq.eventloop.loopwatch import LoopWatch
+
+    inside_tick, release = threading.Event(), threading.Event()
+
+    class HeldLag:  # holds the loop thread inside _tick, as a slow logging call would
+        def observe(self, value):
+            inside_tick.set()
+            release.wait(5)
+
+    class NoLoop:
+        def call_later(self, *args):
+            return None
+
+    watch = LoopWatch(0.5, lag=HeldLag(), logger=logging.getLogger("effectmq.test"), consequence="", advice="ADVICE")
+    watch._last_tick = time.monotonic() - 2.0  # the loop stood still for 2 s
+    watch._stop.set()
+    loop_thread = threading.Thread(target=watch._tick, args=(NoLoop(), time.monotonic()))
+    caplog.set_level(logging.WARNING, logger="effectmq.test")
+    loop_thread.start()
+    try:
+        assert inside_tick.wait(5)
+        watch._loop_thread = loop_thread.ident
+        watch._report(2.0)
+    finally:
+        release.set()
+        loop_thread.join(5)
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if m.startswith("event loop blocked")], messages
+    assert [m for m in messages if m.startswith("event loop ran again after 2.")], messages

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from effectmq.loops import PreciseEpollSelector, loop_factory, precise_event_loop
+from effectmq.eventloop.loops import PreciseEpollSelector, loop_factory, precise_event_loop
 
 SLEEP = 0.0023  # epoll would wait 3 ms: 0.7 ms late every time
 

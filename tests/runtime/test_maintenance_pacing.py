@@ -1,10 +1,10 @@
-"""The pure pacing of the worker's maintenance loop (effectmq.maintenance)."""
+"""The pure pacing of the worker's maintenance loop (effectmq.worker.maintenance)."""
 
 from __future__ import annotations
 
 import pytest
 
-from effectmq.maintenance import Pacing
+from effectmq.worker.maintenance import Pacing
 
 DEFAULT = Pacing(interval=5.0, batch=100)
 

@@ -1,4 +1,4 @@
-"""The worker's metrics server holds no thread per idle connection (issue 36, Low: 200 idle
+"""The worker's metrics server holds no thread per idle connection (200 idle
 connections held 202 threads on 8519fde) and names no versions."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 import time
 import urllib.request
 
-from effectmq import metrics
+from effectmq.worker import metrics
 from tests.fixtures.redis import free_port
 
 

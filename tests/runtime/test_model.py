@@ -1,5 +1,7 @@
 """Model-based test: random sequences of operations against real Redis and a pure
-reference model, with the protocol's invariants checked after every step."""
+reference model, with the protocol's invariants checked after every step. Tasks may carry
+a group: the model gives each entry into waiting its sequence number as
+lua/includes/groups.lua describes it, and checks the waiting counts per group."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import effectmq
-from effectmq.keys import INDEXES
+from effectmq.protocol.keys import INDEXES
 
 IDS = st.sampled_from([f"t{i}" for i in range(6)])
+GROUPS = st.sampled_from([None, None, "a", "b"])
 MAX_RETRIES = 2
 MAX_STALLED = 1
+RATE_PERIOD = 3600.0
 STEPS = int(os.environ.get("EFFECTMQ_MODEL_STEPS", "50"))
 EXAMPLES = int(os.environ.get("EFFECTMQ_MODEL_EXAMPLES", "200"))
 
@@ -29,6 +33,7 @@ SETTLES_AS = {"complete": {"completed"}, "fail": {"retry", "failed"}, "release":
 class ModelTask:
     priority: int
     seq: int
+    group: str | None = None
     state: str = "waiting"
     attempt: int = 0
     hfc: int = 0
@@ -42,16 +47,52 @@ class ModelTask:
 @dataclass
 class Model:
     tasks: dict[str, ModelTask] = field(default_factory=dict)
-    seq: int = 0
+    seq: int = 0  # at least every sequence number handed out
+    clocks: dict[str, int] = field(default_factory=dict)  # each group's last sequence number
+    default_clock: int = 0  # the virtual time of the tasks without a group ('' in groups.lua)
+    rate: int | None = None  # tasks per RATE_PERIOD (a period no example outlasts), None: no limit
+    logged: int = 0  # starts in the log of starts (acquire.lua): all in the window, the newest `rate` kept
+    held: bool = False  # starts held (hold_starts) for longer than any example
+
+    def may_start(self) -> bool:
+        return not self.held and (self.rate is None or self.logged < self.rate)
+
+    def waiting_count(self, group: str) -> int:
+        return sum(1 for t in self.tasks.values() if t.state == "waiting" and t.group == group)
+
+    def next_seq(self, group: str | None, priority: int) -> int:
+        """The sequence number a task entering waiting takes (groups.lua), from the state
+        before it enters."""
+        if group is None and not any(t.state == "waiting" and t.group for t in self.tasks.values()):
+            self.seq += 1
+            return self.seq
+        band = [t.seq for t in self.tasks.values() if t.state == "waiting" and t.priority == priority]
+        head = min(band) if band else self.seq
+        if group is None:
+            last = self.default_clock
+        else:  # a group's clock is kept while it has waiting tasks
+            last = self.clocks.get(group, 0) if self.waiting_count(group) else 0
+        seq = max(last + 1, head + 1)
+        if group is None:
+            self.default_clock = seq
+        else:
+            self.clocks[group] = seq
+        self.seq = max(self.seq, seq)
+        return seq
 
     def enqueue(self, tid: str) -> None:
-        self.seq += 1
         t = self.tasks[tid]
-        t.state, t.seq, t.token, t.expired = "waiting", self.seq, None, False
+        t.seq = self.next_seq(t.group, t.priority)
+        t.state, t.token, t.expired = "waiting", None, False
 
-    def next_waiting(self) -> str | None:
+    def next_waiting(self) -> set[str]:
+        """The head of waiting: one task, or those sharing its score (two groups' n-th
+        tasks), which acquire may lease in either order."""
         waiting = [(-t.priority, t.seq, tid) for tid, t in self.tasks.items() if t.state == "waiting"]
-        return min(waiting)[2] if waiting else None
+        if not waiting:
+            return set()
+        first = min(waiting)[:2]
+        return {tid for *key, tid in waiting if tuple(key) == first}
 
     def owns(self, lease) -> bool:
         t = self.tasks[lease.task_id]
@@ -87,23 +128,34 @@ class QueueMachine(RuleBasedStateMachine):
     def pick(self, data_index: int):
         return self.leases[data_index % len(self.leases)] if self.leases else None
 
-    @rule(tid=IDS, priority=st.integers(-2, 2))
-    def offer(self, tid, priority):
-        offered = self.run(self.q.offer("job", {"id": tid}, task_id=tid, priority=priority))
+    @rule(tid=IDS, priority=st.integers(-2, 2), group=GROUPS)
+    def offer(self, tid, priority, group):
+        offered = self.run(self.q.offer("job", {"id": tid}, task_id=tid, priority=priority, group=group))
         assert offered.created == (tid not in self.model.tasks)
         if offered.created:
-            self.model.seq += 1
-            self.model.tasks[tid] = ModelTask(priority, self.model.seq)
+            self.model.tasks[tid] = ModelTask(priority, self.model.next_seq(group, priority), group)
+
+    @rule(tasks=st.one_of(st.none(), st.integers(1, 3)))
+    def rate_limit(self, tasks):
+        self.run(self.q.configure(rate_limit=None if tasks is None else (tasks, RATE_PERIOD)))
+        self.model.rate = tasks
+
+    @rule()
+    def hold(self):
+        self.run(self.q.hold_starts(RATE_PERIOD))
+        self.model.held = True
 
     @rule()
     def acquire(self):
         lease = self.run(self.q.acquire())
-        expected = self.model.next_waiting()
-        if expected is None:
+        expected = self.model.next_waiting() if self.model.may_start() else set()
+        if not expected:
             assert lease is None
             return
-        assert lease is not None and lease.task_id == expected
-        t = self.model.tasks[expected]
+        if self.model.rate is not None:
+            self.model.logged = min(self.model.logged + 1, self.model.rate)
+        assert lease is not None and lease.task_id in expected
+        t = self.model.tasks[lease.task_id]
         t.state, t.token, t.expired = "active", lease.token, False
         t.attempt += 1
         assert lease.token not in {held.token for held in self.leases}  # unique per attempt
@@ -230,8 +282,12 @@ class QueueMachine(RuleBasedStateMachine):
                 assert h["token"] == t.token
             assert (int(h["attempt"]), int(h["handler_failure_count"]), int(h["stalled_attempt_count"])) == \
                 (t.attempt, t.hfc, t.sac)
+        assert self.raw.zcard(base.key("starts")) == self.model.logged
         waiting = self.raw.zrange(base.key("waiting"), 0, -1)
-        assert waiting == sorted(waiting, key=lambda tid: (-self.model.tasks[tid].priority, self.model.tasks[tid].seq))
+        assert waiting == sorted(waiting, key=lambda tid: (-self.model.tasks[tid].priority, self.model.tasks[tid].seq,
+                                                           tid))
+        counts = {g: int(n) for g, n in self.raw.zrange(base.key("groups"), 0, -1, withscores=True)}
+        assert counts == {g: n for g in ("a", "b") if (n := self.model.waiting_count(g))}
 
 
 def test_protocol_against_reference_model(redis_url):

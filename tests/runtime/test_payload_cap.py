@@ -1,5 +1,5 @@
-"""Issue 36, finding 7: offers had no payload size limit at all (a 1 MB payload per
-task, read back by every list page). A payload's JSON is capped, by default at
+"""Offered payloads are capped (there was no limit at all: a 1 MB payload per task,
+read back by every list page). A payload's JSON is capped, by default at
 DEFAULT_MAX_PAYLOAD_BYTES (1 MiB), per TaskQueue with max_payload_bytes (None: no cap);
 an offer over it is refused before anything is sent, naming the limit."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from effectmq import TaskQueue
 from effectmq.errors import InvalidOption
-from effectmq.queue import DEFAULT_MAX_PAYLOAD_BYTES, offer_argv
+from effectmq.client.queue import DEFAULT_MAX_PAYLOAD_BYTES, offer_argv
 
 MIB = 1 << 20
 

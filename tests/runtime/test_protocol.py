@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from effectmq import protocol, queue as queue_module, scripts
-from effectmq.keys import QueueKeys
-from effectmq.protocol import SCRIPTS, AcquireStatus, Outcome
-from effectmq.settings import LUA_DEFAULTS as SETTING_DEFAULTS, lua_defaults
+from effectmq.protocol import protocol, scripts
+from effectmq.client import queue as queue_module
+from effectmq.protocol.keys import FORENSIC_KEYS, RATE_KEYS, QueueKeys
+from effectmq.protocol.protocol import SCRIPTS, AcquireStatus, Outcome
+from effectmq.protocol.settings import LUA_DEFAULTS as SETTING_DEFAULTS, lua_defaults
 
 LUA = Path(protocol.__file__).parent / "lua"
 SEQUENCES = (list, collections.abc.Sequence)
@@ -139,6 +140,22 @@ def test_header_keys_match_the_task_ids(operation):
     assert bool(touches_tasks) == uses_ids, operation
 
 
+@pytest.mark.parametrize("operation", sorted(SCRIPTS))
+def test_header_last_keys_match_the_dataclass(operation):
+    """The queue keys only some scripts touch come last (ScriptArgs.last_keys): the header's
+    "Last KEYS" line, the script's declared_last() and the dataclass name the same ones."""
+    lines = [line for line in header_lines(operation) if line.startswith("Last KEYS:")]
+    named = tuple(names(lines[0][len("Last KEYS:"):])) if lines else ()
+    assert named == SCRIPTS[operation].last_keys
+    body = read(operation)
+    declared = re.search(r"declared_last\((\{.*?\}|\w+)\)", body)
+    listed = declared.group(1) if declared else ""
+    if listed and not listed.startswith("{"):  # a table named before
+        listed = re.search(rf"local {listed} = (\{{.*?\}})", body).group(1)
+    assert tuple(re.findall(r"'(\w+)'", listed)) == named
+    assert set(named) <= set(FORENSIC_KEYS + RATE_KEYS)
+
+
 def test_the_queue_keys_are_those_keys_lua_counts():
     lib = read("includes/keys")
     count = int(re.search(r"local QUEUE_KEYS = (\d+)", lib).group(1))
@@ -219,6 +236,7 @@ def test_record_strides_in_the_scripts_are_the_record_sizes():
             sent.append(reads[read_from[1]][int(read_from[2]) - 1] if read_from else value)
     assert sent == list(protocol.LEASE_FIELDS)
     assert re.search(r"n = n \+ (\d+)", acquire)[1] == str(protocol.LEASE_WIDTH)
+    assert re.search(r"for i = first_lease, #out, (\d+) do", acquire)[1] == str(protocol.LEASE_WIDTH)
 
 
 def test_outcome_codes_and_acquire_statuses_are_named_alike():

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 import effectmq
-from effectmq import scripts
+from effectmq.protocol import scripts
 from tests.fixtures.redis import has_functions
 
 

@@ -2,7 +2,7 @@
 
 A password planted in a Redis URL (userinfo or ``?password=``) must not show up in
 logs, error messages, exception text, repr(), metrics or CLI output. The unit
-tables pin `effectmq.redaction`; the rest starts a real redis-server with
+tables pin `effectmq.transport.redaction`; the rest starts a real redis-server with
 `requirepass` and real `effectmq` processes, then searches everything they said
 for the planted string and its percent-encoded form.
 """
@@ -35,7 +35,7 @@ NEEDLES = (PLANTED, PASSWORD, quote(PASSWORD, safe=""), WRONG, quote(WRONG, safe
 
 def redaction():
     """Imported per test, so each test fails on its own while the module is missing."""
-    return importlib.import_module("effectmq.redaction")
+    return importlib.import_module("effectmq.transport.redaction")
 
 
 def assert_clean(text: str, where: str) -> None:
@@ -166,7 +166,7 @@ async def test_queue_and_scheduler_repr_and_errors_hide_a_wrong_password(secured
             assert_clean(repr(obj.redis), "repr of the redis client")
             assert_clean(repr(obj.redis.connection_pool), "repr of the connection pool")
         for call in (q.ping, lambda: q.offer("work", {}), scheduler.ping, scheduler.list):
-            with pytest.raises(effectmq.RedisRefused) as err:  # a wrong password (README)
+            with pytest.raises(effectmq.RedisRefused) as err:  # a wrong password (docs/concepts.md)
                 await call()
             assert shown(secured.port) in str(err.value)
             for text in (str(err.value), repr(err.value), "".join(traceback.format_exception(err.value))):
@@ -184,7 +184,7 @@ async def test_queue_and_scheduler_repr_and_errors_hide_a_wrong_password(secured
 async def test_redis_errors_are_mapped_in_one_place_and_scrubbed(message, chained):
     import redis.exceptions as redis_errors
 
-    from effectmq.connection import RedisErrors
+    from effectmq.transport.connection import RedisErrors
 
     q = effectmq.TaskQueue("q", url=url_for(1, PASSWORD))
     try:

@@ -14,11 +14,11 @@ import pytest
 from redis.asyncio import RedisCluster
 
 import effectmq
-from effectmq import scripts
-from effectmq.connection import connect
+from effectmq.protocol import scripts
+from effectmq.transport.connection import connect
 from effectmq.errors import InvalidOption, RedisUnavailable
-from effectmq.keys import QueueKeys
-from effectmq.redaction import INVALID_URL, redact_url, url_secrets
+from effectmq.protocol.keys import QueueKeys
+from effectmq.transport.redaction import INVALID_URL, redact_url, url_secrets
 from effectmq.scheduler import Scheduler, ScheduleSpec
 from tests.fixtures.redis import has_functions
 from tests.scheduler.support import T
@@ -71,7 +71,7 @@ async def test_a_wrong_password_for_a_cluster_is_an_auth_error_as_for_one_redis(
     # redis-py wraps it in "cannot be connected" (retryable, as if no node answered)
     cluster = make_redis_cluster(password="right-one", aof=False)
     async with effectmq.TaskQueue("q", url=cluster.url(password="wrong-one")) as q:
-        with pytest.raises(effectmq.RedisRefused) as caught:  # as the README says
+        with pytest.raises(effectmq.RedisRefused) as caught:  # as docs/concepts.md says for one Redis
             await q.offer("work", {})
     assert caught.value.code == "AUTH"
     assert "wrong-one" not in str(caught.value) and "right-one" not in str(caught.value)
@@ -346,7 +346,7 @@ async def test_our_slot_map_reread_and_redis_pys_own_do_not_race(redis_cluster):
     first one to finish rewrites them under the other, still waiting on a dead seed."""
     from redis.asyncio.cluster import ClusterNode
 
-    from effectmq import routing
+    from effectmq.protocol import routing
 
     held: list[asyncio.StreamWriter] = []
 

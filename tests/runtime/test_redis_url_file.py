@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import effectmq
-from effectmq.connection import DEFAULT_URL, connect
+from effectmq.transport.connection import DEFAULT_URL, connect
 from tests.dashboard.test_cli import Dashboard, get
 from tests.runtime.test_bad_input import cli
 from tests.support.processes import ROOT

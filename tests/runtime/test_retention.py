@@ -1,4 +1,4 @@
-"""Retention keeps up with load (issue 14): expired records are deleted as fast as they
+"""Retention keeps up with load: expired records are deleted as fast as they
 fall due, in calls that each stay bounded."""
 
 from __future__ import annotations
@@ -76,6 +76,6 @@ async def test_sweep_goes_on_while_calls_report_more_within_its_budget(make_queu
 
 async def test_worker_rejects_a_maintenance_batch_past_the_bound(queue):
     with pytest.raises(effectmq.InvalidOption, match="maintenance_batch"):
-        effectmq.Worker(queue, {"noop": noop}, maintenance_batch=effectmq.queue.MAX_MAINTAIN_BATCH + 1)
+        effectmq.Worker(queue, {"noop": noop}, maintenance_batch=effectmq.client.queue.MAX_MAINTAIN_BATCH + 1)
     with pytest.raises(effectmq.InvalidOption, match="maintenance_interval"):
         effectmq.Worker(queue, {"noop": noop}, maintenance_interval=0)

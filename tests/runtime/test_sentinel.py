@@ -18,8 +18,8 @@ import redis.exceptions as redis_errors
 from redis.asyncio.sentinel import SentinelConnectionPool
 
 import effectmq
-from effectmq.connection import TlsOptions, connect
-from effectmq.sentinel import BlockingSentinelConnectionPool, SentinelRedis, is_sentinel_url
+from effectmq.transport.connection import TlsOptions, connect
+from effectmq.transport.sentinel import BlockingSentinelConnectionPool, SentinelRedis, is_sentinel_url
 from tests.fixtures.redis import server_version
 
 QUEUE = "failover"
@@ -264,7 +264,7 @@ async def test_a_demoted_primary_answering_readonly_is_left_for_the_promoted_one
 
 
 def test_the_sentinel_url_reaches_connect_with_options():
-    """connect() hands redis+sentinel:// to effectmq.sentinel; max_connections bounds the pool."""
+    """connect() hands redis+sentinel:// to effectmq.transport.sentinel; max_connections bounds the pool."""
     q = effectmq.TaskQueue("q", url="redis+sentinel://:pw@127.0.0.1:1,127.0.0.1:2/svc/3?sentinel_password=sp",
                            max_connections=4, socket_timeout=2.5)
     pool = q.redis.connection_pool

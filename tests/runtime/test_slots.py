@@ -1,4 +1,4 @@
-"""The worker's slot ledger (effectmq.slots): pure, no Redis.
+"""The worker's slot ledger (effectmq.worker.slots): pure, no Redis.
 
 free = concurrency + ahead - attempts - asking, at most `concurrency` handlers run, the
 rest of the attempts are held (oldest first) or settling, and every slot a call asked
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from effectmq.slots import SlotLedger
+from effectmq.worker.slots import SlotLedger
 
 
 def ledger(concurrency: int, ahead: int = 0) -> SlotLedger[str]:

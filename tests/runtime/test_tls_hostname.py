@@ -1,5 +1,5 @@
 """rediss:// checks the server's name against its certificate on every supported redis-py
-(issue 36, finding 11: redis-py 5.x did not by default, and 5.x is supported and tested)."""
+(redis-py 5.x did not by default, and 5.x is supported and tested)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from effectmq.connection import TlsOptions, connect
+from effectmq.transport.connection import TlsOptions, connect
 from effectmq.errors import RedisUnavailable
 from tests.fixtures.redis import free_port, require_binary
 

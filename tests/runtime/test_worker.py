@@ -8,7 +8,7 @@ import pytest
 import redis.asyncio
 
 import effectmq
-from effectmq import heartbeat, prefetch
+from effectmq.worker import heartbeat, prefetch
 from tests.support.inprocess import make_worker, running, settled, until_drained
 
 
@@ -90,6 +90,25 @@ async def test_unknown_task_and_corrupt_payload_never_run(queue):
     assert corrupt.state == "failed" and corrupt.error.tag == effectmq.DEFECT
     assert "not valid JSON" in corrupt.error.message and corrupt.corrupt
     assert ran == [] and corrupt.handler_failure_count == 1  # not retried: bad data stays bad
+
+
+async def test_a_stored_payload_too_deep_to_decode_fails_the_task_and_the_worker_goes_on(queue):
+    """Another producer may store JSON nested deeper than Python decodes: the task fails
+    at once as corrupt (not stuck active until its lease runs out), and others run."""
+    ran = []
+
+    async def known(payload):
+        ran.append(payload)
+
+    await queue.offer("known", {"x": 1}, task_id="deep")
+    await queue.offer("known", {"x": 2}, task_id="fine")
+    await queue.redis.hset(queue.keys.task("deep"), "payload", '{"x":' + "[" * 5000 + "]" * 5000 + "}")
+    async with running(make_worker(queue, {"known": known})):
+        deep = await settled(queue, "deep")
+        await settled(queue, "fine")
+    assert deep.state == "failed" and deep.error.tag == effectmq.DEFECT and deep.corrupt
+    assert "nested too deep to decode" in deep.error.message
+    assert ran == [{"x": 2}]
 
 
 async def test_schema_is_checked_at_offer_and_before_running(queue):
@@ -394,7 +413,7 @@ async def test_a_completion_waits_for_a_hung_call_no_longer_than_its_own_lease(t
         await q.offer_many([("x", i) for i in range(2)])
         (long, short), _ = await q.acquire_many(2)
         short.confirmed_until = time.monotonic() + 0.5  # as if its last renewal was long ago
-        batcher = effectmq.acks.CompletionBatcher(q.engine)
+        batcher = effectmq.worker.acks.CompletionBatcher(q.engine)
         tcp_proxy.cut(drop_existing=False)  # every call from now on hangs
         first = asyncio.create_task(batcher.complete(long, "null"))
         await asyncio.sleep(0.05)  # on its way, bounded by its own 30 s lease
@@ -442,7 +461,7 @@ async def test_leases_a_completion_call_brings_after_its_waiters_gave_up_still_r
             return leases
 
     along = Along()
-    batcher = effectmq.acks.CompletionBatcher(q.engine, along)
+    batcher = effectmq.worker.acks.CompletionBatcher(q.engine, along)
     admin = redis.asyncio.Redis.from_url(redis_url)
     try:
         await admin.execute_command("CLIENT", "PAUSE", 1000, "ALL")
@@ -691,3 +710,22 @@ async def test_the_in_flight_gauge_counts_running_attempts_and_falls_to_zero_whe
             while worker.in_flight:
                 await asyncio.sleep(0.01)
         assert (gauge("effectmq_in_flight", "gauges"), gauge("effectmq_prefetched", "gauges")) == (0, 0)
+
+
+async def test_a_tasks_own_options_travel_with_its_offer(queue):
+    """@app.task(max_retries=..., timeout=...) apply to `task.offer(...)` and `app.offer(...)`
+    unless the call gives its own."""
+    app = effectmq.App(queue.name)
+    app.use_queue(queue)
+
+    @app.task(max_retries=5, max_stalled_count=4, timeout=30)
+    async def send(payload):
+        return None
+
+    await send.offer({"to": "a"}, task_id="by-task")
+    await app.offer("send", {"to": "b"}, task_id="by-app")
+    await send.offer({"to": "c"}, task_id="own", max_retries=1)
+    for task_id in ("by-task", "by-app"):
+        info = await queue.get(task_id)
+        assert info.max_retries == 5 and info.options.get("timeout") == 30, (task_id, info)
+    assert (await queue.get("own")).max_retries == 1

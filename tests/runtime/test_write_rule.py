@@ -22,7 +22,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import effectmq
-from effectmq import scripts
+from effectmq.protocol import scripts
 from effectmq.errors import TaskError
 from effectmq.scheduler import store as schedule_store
 from effectmq.scheduler.model import ScheduleSpec
@@ -136,6 +136,42 @@ async def acquire_with_completions(q):
     return act
 
 
+async def acquire_rate_limited(q):
+    """Under a rate limit: the starts are read before the first write and logged after it."""
+    await q.configure(rate_limit=(4, 600))
+    await _offered(q, 6)
+    await q.acquire_many(1)  # one start logged, the next ids named
+    reset = _remembering(q.engine)
+
+    async def act():
+        reset()
+        leases, wait = await q.engine.acquire_many(5)
+        return sorted(lease.task_id for lease in leases), wait > 0
+    return act
+
+
+async def acquire_at_the_rate_limit(q):
+    """No room left: the completions sent along are settled, nothing is leased."""
+    await q.configure(rate_limit=(2, 600))
+    await _offered(q, 4)
+    first, _ = await q.acquire_many(2)
+    reset = _remembering(q.engine)
+
+    async def act():
+        reset()
+        outcomes, leases = await q.engine.complete_and_acquire([(lease, '"done"') for lease in first], 2)
+        return [int(o) for o in outcomes], leases
+    return act
+
+
+async def hold_starts(q):
+    await q.hold_starts(5)  # a shorter one than the call's: extended
+
+    async def act():
+        return 29 < await q.hold_starts(30) <= 30
+    return act
+
+
 async def complete_batch(q):
     await _offered(q, 4)
     leases, _ = await q.acquire_many(4)
@@ -242,6 +278,75 @@ async def maintain_everything(q):
     return act
 
 
+async def offer_grouped(q):
+    """Groups' turns, tasks without a group among them, and tasks put before ids already named."""
+    await _offered(q, 8, group="a")
+    await q.acquire_many(1)  # names the next ids: the offer puts b's before them
+
+    async def act():
+        offered = await q.offer_many([
+            ("t", 1, {"task_id": "b1", "group": "b"}), ("t", 2, {"task_id": "b2", "group": "b", "priority": 3}),
+            ("t", 3, {"task_id": "plain"}), ("t", 4, {"task_id": "a9", "group": "a"}),
+            ("t", 5, {"task_id": "b3", "group": "b", "delay": 30}), ("t", 6, {"task_id": "w1", "group": "c"})])
+        return [o.created for o in offered]
+    return act
+
+
+async def acquire_grouped(q):
+    """Grouped leases counted, a grouped delayed task promoted, names after a moved mark."""
+    await _offered(q, 8, group="a")
+    await q.offer("t", "later", task_id="later", group="b", delay=0.001)
+    await q.acquire_many(1)
+    await q.offer_many([("t", i, {"task_id": f"c{i}", "group": "c"}) for i in range(3)])  # before the names
+    await asyncio.sleep(0.02)
+    reset = _remembering(q.engine)
+
+    async def act():
+        reset()
+        leases, _ = await q.engine.acquire_many(2)
+        return sorted(lease.task_id for lease in leases)
+    return act
+
+
+async def cancel_waiting_grouped(q):
+    await _offered(q, 2, group="a")
+
+    async def act():
+        return await q.cancel("w1")
+    return act
+
+
+async def release_grouped(q):
+    await _offered(q, 3, group="a")
+    await q.offer("t", "b", task_id="b0", group="b")
+    leases, _ = await q.acquire_many(1)
+
+    async def act():
+        return int(await q.engine.release(leases[0], 0))
+    return act
+
+
+async def retry_grouped(q):
+    await _offered(q, 2, group="a", max_retries=0)
+    (lease,), _ = await q.acquire_many(1)
+    await lease.fail(TaskError("boom"))
+
+    async def act():
+        return await q.retry(lease.task_id)
+    return act
+
+
+async def maintain_grouped(q):
+    await _offered(q, 3, group="a")
+    await q.offer("t", "soon", task_id="soon", delay=0.001, group="b")
+    await q.acquire_many(2, lock_timeout=0.03)
+    await asyncio.sleep(0.1)  # the leases ran out, the delayed task is due
+
+    async def act():
+        return dataclasses.astuple(await q.maintain(batch=50))
+    return act
+
+
 async def configure_settings(q):
     async def act():
         await q.configure(max_active=3, paused=True, retention_completed=60)
@@ -257,11 +362,48 @@ async def announce_worker(q):
     return act
 
 
+POD = effectmq.PodIdentity("pod-a", "uid-a", "node-a")
+
+
+async def maintain_with_causes(q):
+    await _offered(q, 3)
+    await q.worker_beat("w", 1, 1, 60, pod=POD)
+    await q.acquire_many(3, lock_timeout=0.03)
+    await q.redis.hset(q.keys.task("w0"), "pod_kills", 1)  # its second pod death: poison
+    await q.redis.zadd(q.keys.key("poison"), {"gone": 1})  # its record deleted meanwhile
+    await q.record_worker_ending(effectmq.WorkerEnding("pod-a", "uid-a", "node-a", "oom_killed", 137, "out of memory"))
+    await asyncio.sleep(0.1)  # the leases ran out
+
+    async def act():
+        return dataclasses.astuple(await q.maintain(batch=50))
+    return act
+
+
+async def announce_pod(q):
+    await q.redis.hset(q.keys.key("pods"), "old", "1000 1000 uid-old  pod-old old")  # long gone: swept
+    await q.worker_beat("other", 1, 4, 0.001)
+    await asyncio.sleep(0.01)
+
+    async def act():
+        await q.worker_beat("me", 2, 8, 30, pod=POD)
+    return act
+
+
+async def record_ending(q):
+    await q.redis.hset(q.keys.key("endings"), "gone-uid", "1000 []")  # recorded long ago: swept
+    await q.record_worker_ending(effectmq.WorkerEnding("pod-a", "uid-a", "", "error_exit", 1, "", 1_700_000_000_000))
+
+    async def act():
+        await q.record_worker_ending(effectmq.WorkerEnding("pod-a", "uid-a", "node-a", "oom_killed", 137,
+                                                           "out of memory", 1_700_000_000_500))
+    return act
+
+
 async def reclaim_lost(q):
     await _offered(q, 3)
     leases, _ = await q.acquire_many(2)
     prefix = leases[0].token.rsplit(":", 1)[0]
-    from effectmq import protocol
+    from effectmq.protocol import protocol
     reclaim_args = getattr(protocol, "ReclaimArgs", None)
     if reclaim_args is None:
         pytest.fail("protocol.ReclaimArgs is missing: the reclaim script has no typed call")
@@ -276,6 +418,9 @@ SCENARIOS = [
     Scenario("acquire", "promotion", acquire_with_promotion, {"lock_timeout": 60}),
     Scenario("acquire", "completions", acquire_with_completions, {"lock_timeout": 60, "retention_completed": 0}),
     Scenario("acquire", "completions-kept", acquire_with_completions, {"lock_timeout": 60}),
+    Scenario("acquire", "rate-limit", acquire_rate_limited, {"lock_timeout": 60}),
+    Scenario("acquire", "at-the-rate-limit", acquire_at_the_rate_limit, {"lock_timeout": 60, "retention_completed": 0}),
+    Scenario("hold", "extend", hold_starts),
     Scenario("complete", "batch", complete_batch, {"lock_timeout": 60, "retention_completed": 0}),
     Scenario("complete", "batch-kept", complete_batch, {"lock_timeout": 60}),
     Scenario("fail", "retry", fail_then_retry, {"lock_timeout": 60}),
@@ -289,8 +434,17 @@ SCENARIOS = [
     Scenario("retry", "failed", retry_failed, {"lock_timeout": 60}),
     Scenario("maintain", "everything", maintain_everything, {"retention_completed": 0.01}),
     Scenario("configure", "settings", configure_settings),
+    Scenario("maintain", "stall-causes", maintain_with_causes, {"lock_timeout": 0.03}),
     Scenario("workers", "announce", announce_worker),
+    Scenario("workers", "announce-pod", announce_pod),
+    Scenario("worker_ending", "record", record_ending),
     Scenario("reclaim", "lost", reclaim_lost, {"lock_timeout": 60}),
+    Scenario("offer", "grouped", offer_grouped, {"lock_timeout": 60}),
+    Scenario("acquire", "grouped", acquire_grouped, {"lock_timeout": 60}),
+    Scenario("cancel", "waiting-grouped", cancel_waiting_grouped),
+    Scenario("release", "grouped", release_grouped, {"lock_timeout": 60}),
+    Scenario("retry", "grouped", retry_grouped, {"lock_timeout": 60}),
+    Scenario("maintain", "grouped", maintain_grouped),
 ]
 
 

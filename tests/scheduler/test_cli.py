@@ -122,7 +122,7 @@ async def test_schedules_of_every_scheduler_namespace_are_found(redis_url):
     """Were invisible: the operator keeps its schedules under scheduler namespace `k8s`,
     `effectmq local` under `local`, and the CLI looked in `default` only."""
     from effectmq.scheduler import DEFAULT_NAMESPACE, Scheduler, ScheduleSpec
-    from effectmq_operator.connections import SCHEDULER_NAMESPACE as OPERATOR_NAMESPACE
+    from effectmq_operator.redis_pool import SCHEDULER_NAMESPACE as OPERATOR_NAMESPACE
     from effectmq_operator.local.runner import SCHEDULER_NAMESPACE as LOCAL_NAMESPACE
 
     for namespace, schedule_id in ((OPERATOR_NAMESPACE, "shop/nightly"), (LOCAL_NAMESPACE, "default/digest"),

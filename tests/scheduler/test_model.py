@@ -79,10 +79,10 @@ def test_tick_task_id_and_payload():
 
 
 def test_offer_carries_task_options_and_the_remaining_delay():
-    s = spec(priority=7, max_retries=1, max_stalled_count=2, timeout=9.5, delay=60)
+    s = spec(priority=7, max_retries=1, max_stalled_count=2, timeout=9.5, delay=60, group="acme")
     tick = T("2024-03-31T01:00:00Z")
     item = s.offer(PlannedTick(tick), (tick + 15) * 1000)
     assert item == {"name": "send_report", "payload": {"tick": "2024-03-31T01:00:00Z"},
                     "task_id": "reports/nightly/2024-03-31T01:00:00Z", "delay": 45.0, "priority": 7,
-                    "max_retries": 1, "max_stalled_count": 2, "timeout": 9.5}
+                    "max_retries": 1, "max_stalled_count": 2, "timeout": 9.5, "group": "acme"}
     assert s.offer(PlannedTick(tick), (tick + 600) * 1000)["delay"] == 0.0  # a late tick is ready at once

@@ -139,7 +139,7 @@ def seconds(first: str, last: str) -> list[str]:
 
 @pytest.mark.parametrize("mode", ["skip", "coalesce", "backfill"])
 def test_ticks_due_while_suspended_are_missed_whatever_their_age(mode):
-    """Issue 35, defect 3: every tick here is less than 60 s late, and those of the
+    """Every tick here is less than 60 s late, and those of the
     suspension are missed all the same; those before it and after the resume are on time."""
     d = plan(PER_SECOND, T("2024-05-01T10:00:00Z") * 1000, T("2024-05-01T10:00:45Z") * 1000,
              MissedPolicy(mode=mode, max_backfill=3), suspended=SUSPENDED)

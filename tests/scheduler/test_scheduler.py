@@ -58,6 +58,21 @@ async def test_put_settles_a_new_schedule_and_tick_materializes_it(scheduler, ma
     assert report.next_due == status.next_tick
 
 
+async def test_a_schedule_s_tasks_carry_its_group(scheduler, make_queue):
+    q = make_queue("grouped")
+    await scheduler.put(per_second("grouped/one", "grouped", group="acme"))
+    await scheduler.put(per_second("grouped/none", "grouped"))
+    assert (await scheduler.status("grouped/one")).spec.group == "acme"
+    assert "group" not in (await scheduler.status("grouped/none")).spec.to_json()  # as stored before groups
+    await asyncio.sleep(1.1)
+    report = await scheduler.tick()
+    groups = {m.schedule_id: (await q.get(m.task_id)).group for m in report.materialized}
+    assert groups == {"grouped/one": "acme", "grouped/none": None}
+    assert (await q.group_stats("acme")).waiting >= 1
+    with pytest.raises(InvalidSchedule, match="MAX_GROUP_BYTES"):
+        await scheduler.put(per_second("grouped/bad", "grouped", group="x" * 129))
+
+
 @pytest.mark.parametrize("mode", ["skip", "coalesce", "backfill"])
 async def test_hours_of_downtime_produce_exactly_what_the_policy_promises(scheduler, make_queue, mode):
     q = make_queue(f"down-{mode}")
@@ -399,7 +414,7 @@ def _span_ticks(task) -> set[int]:
 @pytest.mark.parametrize("mode", ["skip", "coalesce"])
 async def test_ticks_that_fell_due_while_suspended_follow_the_policy_whatever_their_age(scheduler, make_queue,
                                                                                         mode):
-    """Issue 35, defect 3. Was: a resume fired every tick of the last 60 s, even with
+    """Was: a resume fired every tick of the last 60 s, even with
     `skip` (a 75 s suspension of a */3 s Schedule created 20 tasks at resume): ticks less
     than `missed_after` late counted as on time, right after a restart, wrong after a
     deliberate suspension."""
@@ -434,7 +449,7 @@ async def test_ticks_that_fell_due_while_suspended_follow_the_policy_whatever_th
 
 @pytest.mark.parametrize("mode", ["skip", "coalesce", "backfill"])
 async def test_a_pass_killed_between_offer_and_advance_is_redone_with_the_same_counts(make_queue, redis_url, mode):
-    """Issue 35, defect 6. Was: after a leader stopped between its offers and its cursor
+    """Was: after a leader stopped between its offers and its cursor
     update, the next leader decided afresh at a later time, so a coalesced span (or
     Skip's `skipped`) counted ticks the first pass had already run as tasks (`span.count`
     45 with 44 missing): a handler trusting span.count did one tick twice."""
@@ -475,7 +490,7 @@ async def test_a_pass_killed_between_offer_and_advance_is_redone_with_the_same_c
 
 
 async def test_put_records_the_suspension_a_resume_ends(scheduler):
-    """The bookkeeping behind defect 3's fix: a suspension is (suspended_at, resumed_at];
+    """The bookkeeping behind the suspension policy: a suspension is (suspended_at, resumed_at];
     one that begins before the last one's ticks were settled extends it; a schedule
     suspended before suspensions were recorded is missed from its cursor."""
     store, sid = scheduler.store, "susp-book/s"

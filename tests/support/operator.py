@@ -17,10 +17,10 @@ from typing import Any, AsyncIterator, Callable, Iterator
 
 import kubernetes
 
-from effectmq_operator.connections import Connections
-from effectmq_operator.controller import QueueController
-from effectmq_operator.kube import Kube
-from effectmq_operator.schedules import ScheduleController
+from effectmq_operator.redis_pool import Connections
+from effectmq_operator.queue_controller import QueueController
+from effectmq_operator.runtime.kube import Kube
+from effectmq_operator.schedule_controller import ScheduleController
 from tests.fixtures.redis import free_port
 from tests.support.processes import ROOT, stop_process
 

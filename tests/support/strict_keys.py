@@ -32,7 +32,7 @@ from urllib.parse import unquote, urlparse
 
 import redis
 
-from effectmq import protocol, scripts
+from effectmq.protocol import protocol, scripts
 from effectmq.scheduler import store as schedule_store
 
 SCRIPT_CALLS = {"EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCALL_RO"}

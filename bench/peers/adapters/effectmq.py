@@ -18,6 +18,26 @@ S = Settings.from_env()
 app = effectmq.App(S.queue, url=S.url)
 
 
+def _trace_everything() -> None:
+    """The effectmq-traced experiment: the SDK as an application installs it, every span
+    sampled and batched, then dropped (the exporter's own cost is the backend's)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Dropped(SpanExporter):
+        def export(self, spans):
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    trace.set_tracer_provider(provider)
+
+
+if S.options.get("traced"):  # imported by the producer and by each worker process
+    _trace_everything()
+
+
 @app.task
 async def noop(payload):
     await work.run_async(payload["i"])

@@ -108,6 +108,8 @@
       const n = root.querySelector(`[data-count="${state}"] .n`);
       if (n && n.textContent !== String(q.counts[state])) n.textContent = q.counts[state];
     }
+    const poison = root.querySelector('[data-count="poison"] .n');  // the queue page's poison tab
+    if (poison && q.poison !== undefined && poison.textContent !== String(q.poison)) poison.textContent = q.poison;
   }
 
   function updateFacts(root, q) {
@@ -115,6 +117,7 @@
     setText(root, "worker_count", q.worker_count);
     setText(root, "in_flight", `${q.in_flight} / ${q.concurrency}`);
     setText(root, "max_active", q.max_active === null ? "unlimited" : q.max_active);
+    setText(root, "rate_limit", q.rate_limit);
     setText(root, "failure_rate", pct(q.failure_rate));
     setText(root, "settled", `${q.completed_last_hour} ok · ${q.failed_last_hour} failed`);
     for (const el of root.querySelectorAll('[data-field="paused"]')) el.hidden = !q.paused;
@@ -136,7 +139,8 @@
         " ", h("span", { class: "f", text: "■ failed" })),
       h("dl", { class: "facts" }, [
         ["oldest waiting", "oldest_waiting"], ["workers", "worker_count"], ["in flight", "in_flight"],
-        ["max active", "max_active"], ["failure rate (1 h)", "failure_rate"], ["settled (1 h)", "settled"],
+        ["max active", "max_active"], ["rate limit", "rate_limit"], ["failure rate (1 h)", "failure_rate"],
+        ["settled (1 h)", "settled"],
       ].map(([label, field]) => h("div", {}, h("dt", { text: label }), h("dd", { "data-field": field })))));
   }
 
@@ -238,7 +242,9 @@
     const attempts = t.attempt_rows.map((a) => h("tr", { class: a.current ? "current" : null },
       h("td", { class: "num", text: a.attempt }),
       h("td", {}, h("span", { class: `state s-${a.outcome}`, text: a.outcome })),
-      h("td", { class: "err" }, errorLine(a.error)), h("td", { class: "time", text: when(a.finished_at) })));
+      h("td", { class: "err" }, errorLine(a.error),
+        a.cause_text ? h("div", { class: "cause", text: `stalled: ${a.cause_text}` }) : null),
+      h("td", { class: "time", text: when(a.finished_at) })));
     document.querySelector("#attempts tbody").replaceChildren(...attempts);
     if (!t.sensitive) {
       for (const name of ["payload", "result", "progress", "options"]) {

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from effectmq.clitools import FAILED, CommandError, deprecated, log_level_option, needs_extras, port
-from effectmq.connection import URL_KINDS
+from effectmq.transport.connection import URL_KINDS
 
 from .manifests import ManifestError, load
 
@@ -28,10 +29,25 @@ def register(sub) -> None:
                    help="where the handler packages are, repeat it (default: examples)")
     p.add_argument("--burst", type=int, default=0, help="offer this many tasks at start, to watch workers scale")
     p.add_argument("--burst-task", default="send_email", help="task name of the burst")
+    p.add_argument("--burst-payload", type=json_object, metavar="JSON",
+                   help="payload of every task of the burst, a JSON object; default: a new address for each "
+                   "(send_email's)")
+    p.add_argument("--dashboard-port", type=port,
+                   help="also serve the web dashboard (the dashboard extra) on 127.0.0.1 at this port; default: none")
     p.add_argument("--no-view", action="store_true", help="status lines instead of the live view")
     p.add_argument("--stop-after", type=float, help=argparse.SUPPRESS)  # the tests' stop
     log_level_option(p, default="WARNING")
     p.set_defaults(run=run)
+
+
+def json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 async def run(args) -> int:
@@ -45,7 +61,8 @@ async def run(args) -> int:
     runner = LocalRunner(resources, data_dir=Path(args.data_dir), redis_port=args.redis_port,
                          redis_url=args.url, pythonpath=args.pythonpath or ["examples"],
                          live_view=not args.no_view, burst=args.burst, burst_task=args.burst_task,
-                         stop_after=args.stop_after)
+                         burst_payload=args.burst_payload,
+                         stop_after=args.stop_after, dashboard_port=args.dashboard_port)
     try:
         await runner.run()
     except LocalError as exc:

@@ -25,11 +25,11 @@ from typing import Sequence
 import redis.asyncio as aioredis
 
 import effectmq
-from effectmq.redaction import redact_url
+from effectmq.transport.redaction import redact_url
 from effectmq.scheduler import Scheduler
 from effectmq.scheduler.model import ScheduleSpec
 
-from .. import builders, control, scaling
+from .. import builders, queue_plan, scaling
 from ..spec import InvalidSpec, QueueSpec
 from . import view
 from .manifests import Resource
@@ -120,6 +120,7 @@ class LocalQueue:
     state: scaling.ScalingState = field(default_factory=scaling.ScalingState)
     next_poll: float = 0.0
     last_reason: str = ""
+    last_scaled_at: float | None = None  # monotonic: the view says how long ago
     serial: int = 0
 
     @property
@@ -151,7 +152,8 @@ def worker_env(resource: Resource, redis_url: str, worker_name: str, redis_url_f
 class LocalRunner:
     def __init__(self, resources: list[Resource], *, data_dir: Path, redis_port: int = 6390,
                  redis_url: str | None = None, pythonpath: Sequence[str] = (), live_view: bool = True,
-                 burst: int = 0, burst_task: str = "send_email", stop_after: float | None = None):
+                 burst: int = 0, burst_task: str = "send_email", stop_after: float | None = None,
+                 dashboard_port: int | None = None, burst_payload: dict | None = None):
         self.resources = resources
         self.data_dir = data_dir
         self.redis: LocalRedis | None = None if redis_url else LocalRedis(data_dir / "redis", redis_port)
@@ -160,6 +162,7 @@ class LocalRunner:
         self.live_view = live_view
         self.burst = burst
         self.burst_task = burst_task
+        self.burst_payload = burst_payload
         self.stop_after = stop_after
         self.queues: dict[str, LocalQueue] = {}
         self.scheduler: Scheduler | None = None
@@ -170,6 +173,8 @@ class LocalRunner:
         self.stopping = asyncio.Event()
         self.worker_logs = data_dir / "logs"
         self.redis_url_file: Path | None = None  # written at start, removed at shutdown
+        self.dashboard_port = dashboard_port
+        self.dashboard: subprocess.Popen | None = None
 
     def _write_url_file(self) -> Path:
         """The Redis URL in a file only this user reads (0600, in a fresh 0700 folder): the
@@ -210,10 +215,29 @@ class LocalRunner:
         for old in await self.scheduler.list():  # schedules removed from the manifests stop firing
             if old.id not in wanted:
                 await self.scheduler.remove(old.id)
+        if self.dashboard_port is not None:
+            self._start_dashboard(base)
         if self.burst:  # a burst of tasks on the first queue, to watch the workers scale
             first = next(iter(self.queues.values()))
-            await first.queue.offer_many([(self.burst_task, {"to": f"user{i}@example.com", "subject": "burst"})
-                                          for i in range(self.burst)])
+            await first.queue.offer_many([
+                (self.burst_task, self.burst_payload or {"to": f"user{i}@example.com", "subject": "burst"})
+                for i in range(self.burst)])
+
+    @property
+    def dashboard_url(self) -> str | None:
+        return None if self.dashboard_port is None else f"http://127.0.0.1:{self.dashboard_port}"
+
+    def _start_dashboard(self, base: list[str]) -> None:
+        """The web dashboard beside the workers, read-only on loopback, given the Redis URL
+        by file as a worker is (a URL in its arguments would show in `ps`)."""
+        assert self.redis_url_file is not None, "start() writes it"
+        env = {k: v for k, v in os.environ.items() if k not in builders.URL_VARIABLES}
+        env["EFFECTMQ_REDIS_URL_FILE"] = str(self.redis_url_file)
+        out = open(self.worker_logs / "dashboard.log", "ab")
+        self.dashboard = subprocess.Popen([*base, "dashboard", "--port", str(self.dashboard_port)], env=env,
+                                          stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        print(f"effectmq local: dashboard at {self.dashboard_url} (log: {self.worker_logs / 'dashboard.log'})",
+              flush=True)
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -235,16 +259,16 @@ class LocalRunner:
         announced = await lq.queue.workers()
         running = lq.running
         mine = {w.name: announced[w.name] for w in running if w.name in announced}
-        decision = control.scale(lq.spec, stats, mine, len(running), lq.state, now)
+        decision = queue_plan.scale(lq.spec, stats, mine, len(running), lq.state, now)
         lq.state = decision.state
         if decision.replicas != len(running):
-            lq.last_reason = decision.reason
+            lq.last_reason, lq.last_scaled_at = decision.reason, now
             log.info("%s: %s", lq.queue.name, decision.reason)
         for _ in range(decision.replicas - len(running)):
             self._spawn(lq)
         surplus = len(running) - decision.replicas
         if surplus > 0:  # idle workers go first: the operator's pod-deletion-cost, applied here
-            costs = control.pod_costs(announced, [w.name for w in running])
+            costs = queue_plan.pod_costs(announced, [w.name for w in running])
             for w in sorted(running, key=lambda w: int(costs[w.name]))[:surplus]:
                 w.stopping = True
                 w.proc.send_signal(signal.SIGTERM)
@@ -319,9 +343,11 @@ class LocalRunner:
         rows = []
         for lq in self.queues.values():
             stats = await lq.queue.stats()
-            rows.append(view.QueueRow(lq.queue.name, stats, len(lq.running), lq.last_reason))
+            age = None if lq.last_scaled_at is None else time.monotonic() - lq.last_scaled_at
+            rows.append(view.QueueRow(lq.queue.name, stats, len(lq.running), lq.last_reason, age))
+        dashboard = self.dashboard_url if self.dashboard is not None and self.dashboard.poll() is None else None
         text = view.render(redact_url(self.redis_url), rows, self.recent_ticks, self.recent_failures, self.worker_logs,
-                           self.redis_problem)
+                           self.redis_problem, dashboard=dashboard)
         if self.live_view and sys.stdout.isatty():
             sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
         else:
@@ -338,6 +364,10 @@ class LocalRunner:
                 await asyncio.to_thread(p.wait, 120)
             except subprocess.TimeoutExpired:
                 p.kill()
+        if self.dashboard is not None and self.dashboard.poll() is None:
+            self.dashboard.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(self.dashboard.wait, 10)
         for lq in self.queues.values():
             await lq.queue.close()
         if self.scheduler is not None:

@@ -13,11 +13,15 @@ class QueueRow:
     stats: Any
     replicas: int
     last_scale: str
+    last_scale_age: float | None = None  # seconds since: its counts are of then, the row's of now
 
 
 def render(redis_url: str, rows: list[QueueRow], ticks: list[str], failures: list[str], logs: Path,
-           redis_problem: str | None = None) -> str:
-    lines = [f"EffectMQ local  |  Redis {redis_url}  |  Ctrl-C drains workers and stops", ""]
+           redis_problem: str | None = None, dashboard: str | None = None) -> str:
+    lines = [f"EffectMQ local  |  Redis {redis_url}  |  Ctrl-C drains workers and stops"]
+    if dashboard:
+        lines.append(f"dashboard: {dashboard}  (read-only)")
+    lines.append("")
     if redis_problem:
         lines += [f"Redis refuses for now (retrying): {redis_problem}", ""]
     lines.append(f"{'QUEUE':<28} {'WAITING':>7} {'DELAYED':>7} {'ACTIVE':>6} {'DONE':>7} {'FAILED':>6} {'WORKERS':>7}")
@@ -26,7 +30,8 @@ def render(redis_url: str, rows: list[QueueRow], ticks: list[str], failures: lis
         lines.append(f"{r.name:<28} {s.waiting:>7} {s.delayed:>7} {s.active:>6} {s.completed:>7} {s.failed:>6} "
                      f"{r.replicas:>7}")
         if r.last_scale:
-            lines.append(f"  last scaling: {r.last_scale}")
+            when = "" if r.last_scale_age is None else f", {r.last_scale_age:.0f} s ago"
+            lines.append(f"  last scaling{when}: {r.last_scale}")
     lines += ["", "recent ticks:"] + [f"  {t}" for t in ticks or ["(none yet)"]]
     lines += ["", "recent failures:"] + [f"  {f}" for f in failures or ["(none)"]]
     lines += ["", f"worker logs: {logs}"]
