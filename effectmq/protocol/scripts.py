@@ -25,6 +25,7 @@ import redis.exceptions as redis_errors
 from redis.asyncio.connection import Connection
 from redis.asyncio.sentinel import SentinelManagedConnection
 
+from ..transport import redispy
 from ..transport.clock import server_time_ms
 from ..transport.connection import TRANSPORT_ERRORS, RedisErrors, classify_reply
 from .protocol import SCRIPTS, ScriptArgs
@@ -464,6 +465,9 @@ async def exchange(conn: Connection, packed: list, raw: bool, *, asking: bool = 
             *replies, probe, wait = replies
             confirm.record(replies, probe, wait)
         return replies
-    except BaseException:
+    except BaseException as exc:
+        lost = redispy.closed_under_us(conn, exc)
         await conn.disconnect()  # a reply may still be in flight
+        if lost:  # the outcome is unknown, as after a reset: a transport error, which callers retry
+            raise redis_errors.ConnectionError("the connection was closed while a call was in flight") from exc
         raise

@@ -34,6 +34,15 @@ async def reread_slot_map(client: RedisCluster) -> None:
             raise redis_errors.ConnectionError(f"the cluster's slot map changed while it was read ({exc})") from exc
 
 
+def closed_under_us(conn: Any, exc: BaseException) -> bool:
+    """Whether `exc` (an AttributeError from inside redis-py) means another task closed
+    `conn` while it was in use: redis-py 5's cluster client disconnects every connection
+    of the nodes a slot-map re-read replaces, in-flight ones included (redis-py 8 waits
+    for them), and a write or read on the closed connection then meets `_writer` or
+    `_reader` gone."""
+    return isinstance(exc, AttributeError) and not conn.is_connected
+
+
 def node_of_slot(client: RedisCluster, slot: int) -> ClusterNode:
     """The master serving `slot` by the client's map (SlotNotCoveredError while uncovered)."""
     return client.nodes_manager.get_node_from_slot(slot)

@@ -364,6 +364,38 @@ def test_a_refusal_by_a_moving_slot_is_retryable():
         assert (reply.code, reply.retryable) == (code, True), (error, reply)
 
 
+async def test_a_connection_closed_under_a_call_is_a_retryable_transport_error(redis_url):
+    """redis-py 5's cluster client disconnects every connection of the nodes a slot-map
+    re-read replaces, in flight or not: another task's call then finds its connection's
+    writer or reader gone. Was (a002296, CI under redis-py 5.3.1, a slot moving to an
+    added master): AttributeError ('NoneType' object has no attribute 'writelines'),
+    which the worker took for a defect and stopped. It is a lost connection: the outcome
+    is unknown, and callers retry a transport error. The close comes at every step of a
+    call in turn: connecting, writing, reading."""
+    from redis.asyncio.connection import Connection
+    from urllib.parse import urlsplit
+
+    from effectmq.protocol.scripts import exchange
+    from effectmq.transport.connection import TRANSPORT_ERRORS
+
+    server = urlsplit(redis_url)
+    outcomes: Counter = Counter()
+    for steps in range(60):
+        conn = Connection(host=server.hostname, port=server.port, socket_timeout=1)
+        call = asyncio.create_task(exchange(conn, [conn.pack_command("PING")], raw=False))
+        for _ in range(steps):  # let the call go this many steps of the event loop
+            await asyncio.sleep(0)
+        await conn.disconnect()  # what redis-py 5's set_nodes does to a replaced node
+        try:
+            outcomes[repr(await call)] += 1
+        except Exception as exc:  # noqa: BLE001 (any other kind is the defect)
+            outcomes["lost" if isinstance(exc, TRANSPORT_ERRORS) else repr(exc)] += 1
+        finally:
+            await conn.disconnect()
+    assert set(outcomes) <= {"[b'PONG']", "lost"}, outcomes
+    assert outcomes["lost"] > 0 and outcomes["[b'PONG']"] > 0, outcomes  # closed before and after
+
+
 async def _at_least(runs: Counter, n: int) -> bool:
     return sum(runs.values()) >= n
 
