@@ -291,9 +291,11 @@ class Lease:
         outcome = await self.engine.fail(self, error, retryable=retryable, retry=retry, declared=declared)
         return self._settled("fail", outcome, (Outcome.RETRY, Outcome.FAILED)) is Outcome.RETRY
 
-    async def release(self, *, delay: float = 0) -> None:
-        """Give the task back without counting a failure (shutdown, not my kind of task)."""
-        self._settled("release", await self.engine.release(self, delay), (Outcome.RELEASED,))
+    async def release(self, *, delay: float = 0, ran: bool = True) -> None:
+        """Give the task back without counting a failure (shutdown, not my kind of task).
+        `ran=False`: its handler never started (a lease taken ahead): not an attempt, so
+        the task's attempt number goes back and its history gets no entry."""
+        self._settled("release", await self.engine.release(self, delay, ran), (Outcome.RELEASED,))
 
     async def progress(self, value: Any) -> None:
         if not await self.engine.progress(self, value):
@@ -681,9 +683,9 @@ class LeaseEngine:
         lease.retry_at_ms = reply.retry_at
         return reply.outcome
 
-    async def release(self, lease: Lease, delay: float) -> Outcome:
+    async def release(self, lease: Lease, delay: float, ran: bool = True) -> Outcome:
         check_number("delay", delay, allow_none=False, maximum=MAX_DELAY)
-        args = protocol.ReleaseArgs(lease._wire_id, lease.token, ms(delay), " ".join(lease._receipts))
+        args = protocol.ReleaseArgs(lease._wire_id, lease.token, ms(delay), " ".join(lease._receipts), int(ran))
         return (await self.scripts.run(args)).outcome
 
     async def progress(self, lease: Lease, value: Any) -> bool:

@@ -570,9 +570,10 @@ class ReleaseArgs(ScriptArgs[OutcomeReply]):
     token: str
     delay_ms: int
     receipts: str = ""  # as FailArgs'
+    ran: int = 1  # 0: its handler never started (release.lua: no attempt)
 
     def argv(self) -> list:
-        return [self.id, self.token, self.delay_ms, self.receipts]
+        return [self.id, self.token, self.delay_ms, self.receipts, self.ran]
 
     def task_ids(self) -> Sequence[str | bytes]:
         return [self.id]

@@ -534,7 +534,7 @@ class Worker:
             # task stalled, or another attempt owns it), and a hung connection must not hold it.
             with contextlib.suppress(LeaseLost, RedisUnavailable, RedisRefused, TimeoutError):
                 async with asyncio.timeout(max(RELEASE_AT_LEAST, lease.confirmed_until - time.monotonic())):
-                    await lease.release()
+                    await lease.release(ran=False)
 
         task = asyncio.create_task(release(), name=f"effectmq-release-{lease.task_id}")
         self._background.add(task)

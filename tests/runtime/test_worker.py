@@ -572,6 +572,8 @@ async def test_drain_hands_held_leases_back_without_a_stall(make_queue, caplog):
     ran, *held = [await q.get(i) for i in ("run", "held1", "held2")]
     assert ran.state == "completed"
     assert [(h.state, h.stalled_attempt_count, h.handler_failure_count) for h in held] == [("waiting", 0, 0)] * 2
+    # never started: not an attempt (no attempt number spent, no "released" entry in its history)
+    assert [(h.attempt, h.attempts) for h in held] == [(0, [])] * 2
     # a drain is routine: no warning per held lease
     assert hand_backs(caplog) == [("INFO", "the worker is stopping; releasing it")] * 2
 
@@ -652,7 +654,8 @@ async def test_auto_prefetch_holds_leases_only_while_handlers_are_short(make_que
         assert (await q.stats()).active == 2, "holding stopped while handlers are slow"
         gate.set()
         infos = [await settled(q, f"b{i}") for i in range(6)]
-    assert [(i.state, i.stalled_attempt_count) for i in infos] == [("completed", 0)] * 6
+    # the two handed back were attempted once, like the rest: a lease held, never started, is no attempt
+    assert [(i.state, i.stalled_attempt_count, i.attempt, i.attempts) for i in infos] == [("completed", 0, 1, [])] * 6
     backs = hand_backs(caplog)  # auto adapting to slow handlers is routine: INFO, not WARNING
     assert len(backs) == 2 and all(level == "INFO" and "without a free slot" in why for level, why in backs), backs
 

@@ -5,6 +5,8 @@ ARGV[1] id
 ARGV[2] token
 ARGV[3] delay_ms  0 = ready now
 ARGV[4] receipts  space-separated: the calls that carried a completion by this token
+ARGV[5] ran  '0': its handler never started (a lease held ahead, handed back): no attempt,
+  so the attempt number goes back and its history gets no entry; otherwise '1'
 Returns: outcome  (protocol.Outcome) 4 = released (now, or by this token before),
   1/2/3 = this token settled otherwise before, 0 = lease lost.
 ]]
@@ -27,9 +29,14 @@ if not key then
   return outcome_of(id, token)
 end
 local delay = tonumber(ARGV[3]) or 0
+local attempt = tonumber(redis.call('HGET', key, 'attempt')) or 0
 write('ZREM', K_ACTIVE, id)  -- the first write frees (FIRST_WRITE_FREES)
 record_outcome(key, token, OUTCOME_RELEASED)
-record_attempt(key, 'released', nil, now)
+if ARGV[5] ~= '0' then
+  record_attempt(key, 'released', nil, now)
+elseif attempt >= 1 then
+  write('HSET', key, 'attempt', int_text(attempt - 1))
+end
 emit('released', id)
 if delay > 0 then
   enqueue_delayed(id, key, now + delay)
