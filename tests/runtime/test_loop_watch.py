@@ -109,7 +109,10 @@ async def test_a_paused_process_is_told_apart_from_a_blocking_handler(redis_url,
 
     worker = WorkerProcess(redis_url, "paused", tmp_path, args=["--loop-block-warning", "0.5"], name="paused")
     try:
-        await asyncio.sleep(1.5)  # serving: idle, waiting on Redis
+        async with asyncio.timeout(30):  # serving: idle, waiting on Redis (a loaded machine starts it late)
+            while "serving queue" not in worker.log():
+                await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
         worker.signal(signal.SIGSTOP)
         await asyncio.sleep(1.5)
         worker.signal(signal.SIGCONT)

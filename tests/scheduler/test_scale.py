@@ -4,11 +4,11 @@ more due schedules than any slice, and passes that end while schedules keep firi
 import asyncio
 import importlib
 import json
-import time
 from collections import Counter
 
 import effectmq
 from effectmq.scheduler import Scheduler, ScheduleSpec
+from tests.support.commandstats import SCRIPT_COMMANDS
 
 from .support import Z, make_one_tick_due, redis_now_ms
 
@@ -44,9 +44,10 @@ async def test_ten_thousand_schedules_over_a_thousand_queues_in_one_pass(redis_u
         await put_many(scheduler, specs)
         boundary = await make_one_tick_due(scheduler, [s.id for s in specs])
 
-        started = time.monotonic()
+        redis = scheduler.redis
+        before = await redis.info("commandstats")
         report = await scheduler.tick()
-        elapsed = time.monotonic() - started
+        after = await redis.info("commandstats")
 
         assert not report.errors, f"{len(report.errors)} errors, e.g. {next(iter(report.errors.items()))}"
         assert report.created == n and not report.more
@@ -56,7 +57,11 @@ async def test_ten_thousand_schedules_over_a_thousand_queues_in_one_pass(redis_u
         for s in specs:
             expected[s.queue].append(f"{s.id}/{Z(boundary)}")
         assert await queued_ids(scheduler, list(expected)) == {q: sorted(ids) for q, ids in expected.items()}
-    assert elapsed < 5, f"one pass over {n} schedules and {queues} queues took {elapsed:.2f}s"
+        # one offer per queue and a few per slice, not one per schedule (a pass's time is for
+        # bench/schedules.py to measure beside peers; a timed test failed on a loaded machine)
+        calls = sum(after.get(f"cmdstat_{c}", {}).get("calls", 0) - before.get(f"cmdstat_{c}", {}).get("calls", 0)
+                    for c in SCRIPT_COMMANDS)
+        assert calls <= queues + 100, f"one pass over {n} schedules and {queues} queues made {calls} script calls"
 
 
 async def test_a_pass_materializes_more_due_schedules_than_any_fixed_cap(scheduler):
