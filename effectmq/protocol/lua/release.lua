@@ -5,6 +5,7 @@ ARGV[1] id
 ARGV[2] token
 ARGV[3] delay_ms  0 = ready now
 ARGV[4] receipts  space-separated: the calls that carried a completion by this token
+Last KEYS: group_ctl, backlog
 Returns: outcome  (protocol.Outcome) 4 = released (now, or by this token before),
   1/2/3 = this token settled otherwise before, 0 = lease lost.
 ]]
@@ -19,15 +20,20 @@ Returns: outcome  (protocol.Outcome) 4 = released (now, or by this token before)
 --- @include "outcomes"
 --- @include "settle"
 --- @include "leases"
+--- @include "group_caps"
 local id, token = ARGV[1], ARGV[2]
 local now = now_ms()
-local key = owned(id, token, now)
+local key, lease = owned(id, token, now)
 if not key then
-  use_receipts('', ARGV[4])
+  use_receipts('', ARGV[4], 2)
   return outcome_of(id, token)
 end
 local delay = tonumber(ARGV[3]) or 0
 write('ZREM', K_ACTIVE, id)  -- the first write frees (FIRST_WRITE_FREES)
+if caps_from() then  -- its group's slot frees (group_caps.lua)
+  use_caps(declared_last({'group_ctl', 'backlog'}))
+  slot_freed(key, lease[1], token)
+end
 record_outcome(key, token, OUTCOME_RELEASED)
 record_attempt(key, 'released', nil, now)
 emit('released', id)
