@@ -342,6 +342,7 @@ class QueueStats:
     rate_window_starts: int = 0  # attempts started in the rate limit's window that ends now
     starts_held_for: float = 0.0  # seconds until a hold of starts (TaskQueue.hold_starts) ends; 0: none
     parked: int = 0  # waiting tasks held back by their group's cap or pause (not in `waiting`)
+    group_caps: bool = False  # a group cap or pause was ever set on the queue (TaskQueue.configure_group)
 
     @property
     def backlog(self) -> int:

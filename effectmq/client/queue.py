@@ -485,14 +485,18 @@ class TaskQueue(OwnsConnection):
                 _check_setting(key, value, allow_none=False)
                 encoded = setting.encode(value)
             written.append(protocol.Setting(SETTINGS[key], encoded))
+        more_room = False  # a larger queue-wide group cap, or none: parked tasks may go back
+        if "group_max_active" in settings:
+            with self._redis_errors:
+                before = int(await self.redis.hget(self.keys.key("meta"), META_FIELDS["group_max_active"]) or 0)
+            after_cap = settings["group_max_active"] or 0
+            more_room = before > 0 and (after_cap == 0 or after_cap > before)
         if written:
             await self._scripts.run(protocol.ConfigureArgs(written))
-        if "group_max_active" in settings:  # the groups the new default lets start more hand parked tasks back
-            after = b""
-            while True:
-                after = (await self._scripts.run(protocol.ConfigureGroupArgs("", after=after))).more
-                if not after:
-                    break
+        after = b""
+        while more_room:  # in calls of at most protocol.GROUP_HAND_BACK tasks
+            after = (await self._scripts.run(protocol.ConfigureGroupArgs("", after=after))).more
+            more_room = bool(after)
 
     async def settings(self) -> dict[str, Any]:
         """Queue-level settings currently stored in Redis (seconds for durations)."""
@@ -546,7 +550,7 @@ class TaskQueue(OwnsConnection):
                           rate_limit=(r.rate_tasks, r.rate_period_ms / 1000) if r.rate_tasks else None,
                           rate_window_starts=r.rate_started,
                           starts_held_for=max(0.0, (r.held_until - r.now) / 1000) if r.held_until >= 0 else 0.0,
-                          parked=r.parked)
+                          parked=r.parked, group_caps=r.counting)
 
     async def hold_starts(self, seconds: float) -> float:
         """Start no task of this queue, on any worker, for `seconds` from now by Redis time

@@ -410,13 +410,14 @@ class StatsReply:
     rate_started: int  # leases started in the window that ends now
     held_until: int  # Redis time (ms) a hold of starts ends, -1 = none
     parked: int  # waiting tasks held back by their group's cap or pause (lua/includes/group_caps.lua)
+    counting: bool  # a group cap or pause was set: attempts count against their groups
     heads: list[str]  # the first waiting id of each priority band
 
     @classmethod
     def from_reply(cls, reply: list) -> "StatsReply":
-        r = [int(x) for x in reply[:14]]
+        r = [int(x) for x in reply[:15]]
         return cls(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8], r[9], r[10], r[11], r[12], r[13],
-                   [x.decode() if isinstance(x, bytes) else str(x) for x in reply[14:]])
+                   bool(r[14]), [x.decode() if isinstance(x, bytes) else str(x) for x in reply[15:]])
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,8 @@ async def at_the_cap(q: effectmq.TaskQueue, **options) -> effectmq.Lease:
     stats = await q.group_stats("a")
     assert (stats.active, stats.parked, stats.waiting, stats.max_active) == (1, 1, 0, 1), stats
     assert (await q.get("a1")).state == "waiting"  # parked is waiting, held back
-    assert (await q.stats()).parked == 1
+    stats = await q.stats()
+    assert (stats.parked, stats.waiting, stats.group_caps) == (1, 0, True)
     return first
 
 
@@ -374,6 +375,7 @@ async def test_a_queue_without_caps_keeps_no_group_state(make_queue):
     await q.cancel(leases[2].task_id)
     assert await q.redis.hget(q.keys.key("meta"), "group_caps") is None
     assert await q.redis.exists(q.keys.key("group_ctl"), q.keys.key("backlog")) == 0
+    assert not (await q.stats()).group_caps
     stats = await q.group_stats("a")
     assert (stats.active, stats.parked, stats.max_active, stats.paused) == (0, 0, 0, False)
     await q.configure_group("a", max_active=0)  # no cap: no counting either

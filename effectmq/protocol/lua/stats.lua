@@ -2,9 +2,10 @@
 KEYS: the queue keys of keys.lua.
 Last KEYS: starts, group_ctl, backlog
 Returns: {now, waiting, delayed, active, completed, failed, canceled, paused, max_active,
-  rate_tasks, rate_period_ms, rate_started, held_until, parked, heads...}
+  rate_tasks, rate_period_ms, rate_started, held_until, parked, counting, heads...}
   paused: 0 | 1
   parked: waiting tasks held back by their group's cap or pause (group_caps.lua)
+  counting: 1 once a group cap or pause was set (attempts count against their groups), else 0
   rate_tasks, rate_period_ms: the queue's rate limit (0 0: none; rate.lua); rate_started:
   the leases started in the window that ends now; held_until: the Redis time (ms) a hold of
   starts ends, -1 when none
@@ -29,7 +30,7 @@ local rate_tasks, rate_period = rate_limit_of(meta_text('rate_limit'))
 local started = 0
 if rate_tasks then started = rate_window(last.starts, rate_tasks, rate_period) end
 out[10], out[11], out[12], out[13] = rate_tasks or 0, rate_period or 0, started, held_until() or -1
-out[14] = redis.call('ZCARD', last.backlog)
+out[14], out[15] = redis.call('ZCARD', last.backlog), meta_value('group_caps') and 1 or 0
 local from = '-inf'
 for _ = 1, STATS_BANDS do
   local head = redis.call('ZRANGE', K_WAITING, from, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
