@@ -235,6 +235,10 @@ class ScriptArgs(Generic[R]):
     # the task hashes and receipts, so that the other scripts' key lists stay short
     # (includes/forensics.lua declared_last).
     last_keys: ClassVar[tuple[str, ...]] = ()
+    # Of those, the last ones a caller leaves out until it learns that the queue needs them:
+    # the group keys, until a script answers that the queue counts its groups
+    # (lua/includes/group_caps.lua group_key_count; scripts.ScriptRunner.group_keys).
+    optional_keys: ClassVar[tuple[str, ...]] = ()
 
     def argv(self) -> list:
         raise NotImplementedError
@@ -515,6 +519,7 @@ class AcquireArgs(ScriptArgs[AcquireReply]):
     rate_limit: str = ""  # "<tasks> <period_ms>" (settings.Setting.encode), '' = none
     completions: Sequence[Completion] = ()  # settled first, as by CompleteArgs
     last_keys = RATE_KEYS + GROUP_KEYS
+    optional_keys = GROUP_KEYS
 
     def argv(self) -> list:
         return [self.count, self.lock_timeout_ms, self.token_prefix, self.promote_batch, self.window, self.peek,
@@ -550,6 +555,7 @@ class CompleteArgs(ScriptArgs[CompleteReply]):
     resent: str  # space-separated receipt ids of earlier calls that carried any of these
     completions: Sequence[Completion]
     last_keys = GROUP_KEYS
+    optional_keys = GROUP_KEYS
 
     def argv(self) -> list:
         return [self.retention_ms, self.receipt, self.resent, *_flat(self.completions)]
@@ -573,6 +579,7 @@ class FailArgs(ScriptArgs[FailReply]):
     retention_ms: int
     receipts: str = ""  # space-separated: the calls that carried a completion by this token
     last_keys = GROUP_KEYS
+    optional_keys = GROUP_KEYS
 
     def argv(self) -> list:
         return [self.id, self.token, self.error, self.retry_delay_ms, self.max_retries, self.retention_ms,
@@ -594,6 +601,7 @@ class ReleaseArgs(ScriptArgs[OutcomeReply]):
     delay_ms: int
     receipts: str = ""  # as FailArgs'
     last_keys = GROUP_KEYS
+    optional_keys = GROUP_KEYS
 
     def argv(self) -> list:
         return [self.id, self.token, self.delay_ms, self.receipts]
@@ -615,6 +623,7 @@ class ReclaimArgs(ScriptArgs[ReclaimReply]):
     token_prefix: str  # the lost call's (AcquireArgs.token_prefix)
     ids: Sequence[str | bytes] = declared_keys()  # the candidates the lost call declared
     last_keys = GROUP_KEYS
+    optional_keys = GROUP_KEYS
 
     def argv(self) -> list:
         return [self.token_prefix]
@@ -647,6 +656,7 @@ class CancelArgs(ScriptArgs[PreviousStateReply]):
     retention_ms: int
     request: str = ""  # random per call: a resend (its reply lost) answers as the first send did
     last_keys = GROUP_KEYS
+    optional_keys = GROUP_KEYS
 
     def argv(self) -> list:
         return [self.id, self.error, self.retention_ms, self.request]
@@ -683,6 +693,7 @@ class MaintainArgs(ScriptArgs[MaintainReply]):
     poison_kills: int = POISON_KILLS
     candidates: Sequence[str | bytes] = declared_keys()  # ids read from the indexes first
     last_keys = FORENSIC_KEYS + GROUP_KEYS
+    optional_keys = GROUP_KEYS
 
     def argv(self) -> list:
         return [self.batch, self.max_stalled_count, self.stalled_error, self.retention_ms, self.retried_stall,
@@ -697,6 +708,7 @@ class StatsArgs(ScriptArgs[StatsReply]):
     operation = "stats"
     Reply = StatsReply
     last_keys = RATE_KEYS + GROUP_KEYS
+    optional_keys = GROUP_KEYS
 
     def argv(self) -> list:
         return []

@@ -382,6 +382,28 @@ async def test_a_queue_without_caps_keeps_no_group_state(make_queue):
     assert await q.redis.hget(q.keys.key("meta"), "group_caps") is None
 
 
+async def test_a_client_declares_the_group_keys_only_once_the_queue_counts(make_queue):
+    """Two more keys cost every call (bench/script_cost.py): a client leaves them out until a
+    script refuses a call without them, before anything, because the queue counts its
+    groups; the runner then sends it again with them, and from then on."""
+    q, other = make_queue("caps-keys", lock_timeout=60), make_queue("caps-keys", lock_timeout=60)
+    await q.offer_many([("t", {}, {"group": "a", "task_id": f"a{i}"}) for i in range(3)])
+    (lease,), _ = await q.acquire_many(1)
+    await lease.complete()
+    await q.stats()
+    assert not q._scripts.group_keys  # a queue without caps: never declared
+    await other.configure_group("a", max_active=1)
+    before = await q.redis.hgetall(q.keys.task("a1"))
+    args = protocol.AcquireArgs(1, 60_000, "p", 10, 8, 16)
+    refused = q._scripts._packed("acquire", args.argv(), q._scripts.last_keys(args.last_keys, args.optional_keys))
+    replies = await q._scripts._send([refused], raw=False)
+    assert str(replies[0]).startswith("GROUPKEYS ") and await q.redis.hgetall(q.keys.task("a1")) == before
+    leases, _ = await q.acquire_many(2)  # refused, then sent again with them
+    assert len(leases) == 1 and q._scripts.group_keys
+    assert (await q.group_stats("a")).active == 1 and (await q.stats()).parked == 1
+    await invariants(q)
+
+
 async def test_the_sync_facade_mirrors_the_group_calls(redis_url):
     with effectmq.SyncTaskQueue("caps-sync", url=redis_url) as q:
         assert q.configure_group("a", max_active=2).max_active == 2

@@ -6,6 +6,7 @@ KEYS: the queue keys of keys.lua, then candidates: the task hashes of ids an ear
   only names them. Before the candidates: the task hash of each completion's id, in order;
   after them: the receipt key of `receipt` and of each id in `resent` (use_receipts).
 Last KEYS: starts, group_ctl, backlog
+  (group_ctl and backlog only once the caller knows the queue counts its groups: group_caps.lua)
 ARGV[1] count            how many tasks the caller can run now
 ARGV[2] lock_timeout_ms  lease length (the queue's meta lock_timeout_ms wins when set)
 ARGV[3] token_prefix     random per-process prefix; the token is prefix..":"..seq
@@ -51,12 +52,14 @@ leases...: 11 values each: id, token, attempt, name, payload, handler_failure_co
 --- @include "names"
 --- @include "group_caps"
 local MAX_PROMOTE_BATCH = 1000  -- the client's bound too (protocol.MAX_PROMOTE_BATCH)
+local group_keys = group_key_count()
+if not group_keys then return group_keys_refused() end
 local now = now_ms()
 local retention = meta_num('retention_completed_ms', ARGV[7])
-local last_keys = declared_last({'starts', 'group_ctl', 'backlog'})
+local last_keys = group_keys > 0 and declared_last({'starts', 'group_ctl', 'backlog'}) or declared_last({'starts'})
 local K_STARTS = last_keys.starts
 local caps = use_caps(last_keys)  -- nil: no group has a cap or a pause
-local receipts = use_receipts(ARGV[8], ARGV[9], 3)
+local receipts = use_receipts(ARGV[8], ARGV[9], 1 + group_keys)
 local outcomes, completed = complete_each(11, retention)
 local count = tonumber(ARGV[1]) or 0
 local window = tonumber(ARGV[5])
@@ -64,7 +67,7 @@ local lock_timeout = meta_num('lock_timeout_ms', ARGV[2])
 local deadline = now + lock_timeout
 local out = {now, deadline, 0, 'ok'}
 out[5], out[6], out[7] = {}, {}, outcomes
-local candidates, key_of = declared_ids((#ARGV - 10) / 3, receipts + 3)
+local candidates, key_of = declared_ids((#ARGV - 10) / 3, receipts + 1 + group_keys)
 -- Each waiting candidate's score (a due one promoted first: its new score). In slices:
 -- unpack() of more than about 8,000 values fails, and the caller decides how many come.
 local scores = {}

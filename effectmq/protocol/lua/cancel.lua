@@ -6,6 +6,7 @@ ARGV[3] retention_ms  for canceled records (meta retention_failed_ms wins; -1 = 
 ARGV[4] request       random per call ('' = none): the same call sent again (its reply
   lost) answers as the first send did
 Last KEYS: group_ctl, backlog
+  (only once the caller knows the queue counts its groups: group_caps.lua group_key_count)
 Returns: previous_state  the state the task was in ("" when unknown); only waiting,
   delayed and active tasks are canceled (a parked task is waiting: group_caps.lua).
 ]]
@@ -20,6 +21,7 @@ Returns: previous_state  the state the task was in ("" when unknown); only waiti
 --- @include "outcomes"
 --- @include "settle"
 --- @include "group_caps"
+if not group_key_count() then return group_keys_refused() end
 local id, request = ARGV[1], ARGV[4] or ''
 local key = task_key(id)
 local f = redis.call('HMGET', key, 'state', 'canceled_by', 'canceled_was', 'group', 'token', 'parked')

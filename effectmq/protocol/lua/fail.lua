@@ -10,6 +10,7 @@ ARGV[5] max_retries     the default (task option, then meta max_retries, then th
 ARGV[6] retention_ms    for failed records (meta retention_failed_ms wins; -1 = keep)
 ARGV[7] receipts        space-separated: the calls that carried a completion by this token
 Last KEYS: group_ctl, backlog
+  (only once the caller knows the queue counts its groups: group_caps.lua group_key_count)
 Returns: {outcome, handler_failure_count, retry_at}
   outcome (protocol.Outcome): 2 = retry scheduled, 3 = failed for good, 0 = lease lost;
   a token that settled before (a resent acknowledgement) gets its outcome again, with
@@ -28,11 +29,13 @@ Returns: {outcome, handler_failure_count, retry_at}
 --- @include "settle"
 --- @include "leases"
 --- @include "group_caps"
+local group_keys = group_key_count()
+if not group_keys then return group_keys_refused() end
 local id, token = ARGV[1], ARGV[2]
 local now = now_ms()
 local key, lease = owned(id, token, now)
 if not key then
-  use_receipts('', ARGV[7], 2)
+  use_receipts('', ARGV[7], group_keys)
   return {outcome_of(id, token), -1, -1}
 end
 write('ZREM', K_ACTIVE, id)  -- the first write frees (FIRST_WRITE_FREES)

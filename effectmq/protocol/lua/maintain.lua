@@ -14,6 +14,7 @@ ARGV[6] lock_timeout_ms    the lease length a stall's heartbeat age assumes (met
 ARGV[7] poison_kept        the poison set keeps at most this many ids
 ARGV[8] poison_kills       stalls that killed the pod after which a task is poison
 Last KEYS: pods, endings, stall_minutes, poison, group_ctl, backlog
+  (group_ctl and backlog only once the caller knows the queue counts its groups: group_caps.lua)
 A candidate that is due: an expired lease is a stall (counted; the task goes back to
 waiting or fails), a delayed task is promoted, a terminal record past its retention is
 forgotten (and leaves the poison set), a poison id without a record leaves it; any other
@@ -48,9 +49,12 @@ stalls...: 8 values each: id, attempt, stalled_attempt_count, failed, trace, cau
 --- @include "counts"
 --- @include "forensics"
 --- @include "group_caps"
+local group_keys = group_key_count()
+if not group_keys then return group_keys_refused() end
 local poison_kills = tonumber(ARGV[8]) or math.huge
 local now = now_ms()
 local last_parts = {'pods', 'endings', 'stall_minutes', 'poison', 'group_ctl', 'backlog'}
+if group_keys == 0 then last_parts[6], last_parts[5] = nil, nil end
 local forensic = declared_last(last_parts)  -- and the group keys (group_caps.lua)
 use_caps(forensic)
 local batch = tonumber(ARGV[1])

@@ -6,6 +6,7 @@ ARGV[2] token
 ARGV[3] delay_ms  0 = ready now
 ARGV[4] receipts  space-separated: the calls that carried a completion by this token
 Last KEYS: group_ctl, backlog
+  (only once the caller knows the queue counts its groups: group_caps.lua group_key_count)
 Returns: outcome  (protocol.Outcome) 4 = released (now, or by this token before),
   1/2/3 = this token settled otherwise before, 0 = lease lost.
 ]]
@@ -21,11 +22,13 @@ Returns: outcome  (protocol.Outcome) 4 = released (now, or by this token before)
 --- @include "settle"
 --- @include "leases"
 --- @include "group_caps"
+local group_keys = group_key_count()
+if not group_keys then return group_keys_refused() end
 local id, token = ARGV[1], ARGV[2]
 local now = now_ms()
 local key, lease = owned(id, token, now)
 if not key then
-  use_receipts('', ARGV[4], 2)
+  use_receipts('', ARGV[4], group_keys)
   return outcome_of(id, token)
 end
 local delay = tonumber(ARGV[3]) or 0

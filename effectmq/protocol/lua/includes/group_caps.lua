@@ -7,7 +7,9 @@ sequence number the counting started from. A lease whose token's sequence number
 before was not, and its end frees nothing (the attempts already running when the first cap
 came are not counted: they finish as they were).
 Last KEYS of the scripts that start or end attempts (acquire, complete, fail, release,
-cancel, maintain, reclaim) and of configure_group and stats:
+cancel, maintain, reclaim) and of stats, once the caller knows that the queue counts (a
+script of a queue that counts refuses a call without them before anything: group_key_count;
+the client then sends it again with them, and from then on), and of configure_group:
   group_ctl  hash: "a:"..group = its counted attempts running now (removed at 0),
              "m:"..group = its own cap (0: none; absent: the queue's group_max_active),
              "p:"..group = "1" while it is paused
@@ -34,6 +36,19 @@ turns they lost), while the group has room; so do resume_group and a cap raised 
 -- The sequence number from which leases count against their group; nil: no cap or pause yet.
 local function caps_from()
   return meta_value('group_caps')
+end
+
+-- How many group keys the caller declared last: 2, or 0 from a caller that does not know
+-- the queue counts its groups (declaring them costs every call); nil when the queue counts
+-- and they are missing: the script returns group_keys_refused() before anything else.
+local function group_key_count()
+  local last = KEYS[#KEYS]  -- BASE..'backlog', read without making a string: this runs on every call
+  if #last == #BASE + 7 and string.find(last, 'backlog', #BASE + 1, true) then return 2 end
+  if caps_from() then return nil end
+  return 0
+end
+local function group_keys_refused()
+  return redis.error_reply('GROUPKEYS this queue counts its groups: declare group_ctl and backlog last')
 end
 
 -- One group's state as the call found it, read once: active (counted attempts), delta (this
