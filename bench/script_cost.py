@@ -144,8 +144,9 @@ async def overhead(grind: Callgrind, rounds: int) -> dict[str, float]:
 
 
 async def small_calls(grind: Callgrind, rounds: int) -> dict[str, float]:
-    """Instructions per call of the calls that carry one task: a producer's `offer`, and a
-    heartbeat's renew of one lease (each call defines the lib.lua helpers it uses)."""
+    """Instructions per call of the calls that carry one task: a producer's `offer`, a
+    heartbeat's renew of one lease, and a lone complete (each call defines the lib.lua
+    helpers it uses)."""
     client = aioredis.Redis(port=grind.port, decode_responses=True)
     await client.flushall()
     q = TaskQueue("small", redis=client, retention_completed=0)
@@ -161,6 +162,13 @@ async def small_calls(grind: Callgrind, rounds: int) -> dict[str, float]:
     for _ in range(rounds):
         await q.engine.renew([lease])
     costs["renew of one lease"] = grind.dumped() / rounds
+    await q.offer_many([("t", {"i": i}) for i in range(rounds + 1)])
+    leases, _ = await q.acquire_many(rounds + 1)
+    await leases[0].complete(None)  # the script loaded
+    grind.zero()
+    for lease in leases[1:]:
+        await lease.complete(None)
+    costs["complete of one lease"] = grind.dumped() / rounds
     await client.aclose()
     return costs
 
@@ -171,7 +179,8 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=100, help="calls measured per k")
     parser.add_argument("--overhead", action="store_true",
                         help="also what a call pays before its own work (EVALSHA, lib.lua)")
-    parser.add_argument("--small", action="store_true", help="also an offer of one task and a renew of one lease")
+    parser.add_argument("--small", action="store_true",
+                        help="also an offer of one task, a renew and a complete of one lease")
     parser.add_argument("--profile", action="store_true",
                         help="split the calls of the largest k by part and command (needs symbols)")
     parser.add_argument("--redis-server", help="the redis-server to run (default: the one on PATH)")

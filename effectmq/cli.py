@@ -307,6 +307,23 @@ async def cmd_rate_limit(args) -> int:
     return 0
 
 
+async def cmd_group(args) -> int:
+    async with _known_queue(args) as q:
+        if args.max_active is not None:
+            await q.configure_group(args.group, max_active=args.max_active)
+        if args.pause or args.resume:
+            await (q.pause_group if args.pause else q.resume_group)(args.group)
+        stats = await q.group_stats(args.group)
+
+    def human(v: dict) -> str:
+        cap = f"at most {v['max_active']}" if v["max_active"] else "no cap"
+        return (f"group {v['group']} of queue {q.name}: {v['active']} running ({cap})"
+                f"{', paused' if v['paused'] else ''}, {v['waiting']} waiting, {v['parked']} parked")
+
+    emit(args, stats.to_json(), human)
+    return 0
+
+
 async def cmd_hold(args) -> int:
     async with _known_queue(args) as q:
         held_for = await q.hold_starts(args.seconds)
@@ -423,6 +440,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "none: show it")
     _queue_args(r)
     r.set_defaults(run=cmd_rate_limit)
+    g = sub.add_parser("group", help="show or set a task group's cap on running attempts, pause or resume it",
+                       description="Show a task group's counts, cap and pause; with an option, change them first. "
+                       "A group's tasks beyond its cap, or while it is paused, wait parked while other groups run.")
+    g.add_argument("group", help="the group's name (1 to 128 bytes of UTF-8)")
+    g.add_argument("--max-active", type=int, help="its attempts running at once across all workers: N > 0 a cap, "
+                   "0 no cap, -1 the queue's group_max_active")
+    pause = g.add_mutually_exclusive_group()
+    pause.add_argument("--pause", action="store_true", help="start none of its tasks (those running finish)")
+    pause.add_argument("--resume", action="store_true", help="start its tasks again")
+    _queue_args(g)
+    g.set_defaults(run=cmd_group)
     h = sub.add_parser("hold", help="start no task of a queue for a while (a downstream service said 429)")
     h.add_argument("seconds", type=float, help="how long, by Redis time; a hold is only ever extended, at most a day")
     _queue_args(h)

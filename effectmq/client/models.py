@@ -341,6 +341,8 @@ class QueueStats:
     rate_limit: tuple[int, float] | None = None  # (tasks, period seconds) stored; None: no limit
     rate_window_starts: int = 0  # attempts started in the rate limit's window that ends now
     starts_held_for: float = 0.0  # seconds until a hold of starts (TaskQueue.hold_starts) ends; 0: none
+    parked: int = 0  # waiting tasks held back by their group's cap or pause (not in `waiting`)
+    group_caps: bool = False  # a group cap or pause was ever set on the queue (TaskQueue.configure_group)
 
     @property
     def backlog(self) -> int:
@@ -354,10 +356,15 @@ class QueueStats:
 @dataclass(frozen=True)
 class GroupStats:
     group: str
-    waiting: int  # its tasks in the waiting index (delayed and active ones are not counted)
+    waiting: int  # its tasks in the waiting index (delayed, active and parked ones are not counted)
+    active: int = 0  # its attempts running, counted since the queue's first group cap or pause
+    parked: int = 0  # its tasks held back by its cap or pause (state waiting)
+    max_active: int = 0  # its cap in force (its own, else the queue's group_max_active); 0: none
+    paused: bool = False
 
     def to_json(self) -> dict:
-        return {"group": self.group, "waiting": self.waiting}
+        return {"group": self.group, "waiting": self.waiting, "active": self.active, "parked": self.parked,
+                "max_active": self.max_active, "paused": self.paused}
 
 
 @dataclass(frozen=True)

@@ -485,8 +485,18 @@ class TaskQueue(OwnsConnection):
                 _check_setting(key, value, allow_none=False)
                 encoded = setting.encode(value)
             written.append(protocol.Setting(SETTINGS[key], encoded))
+        more_room = False  # a larger queue-wide group cap, or none: parked tasks may go back
+        if "group_max_active" in settings:
+            with self._redis_errors:
+                before = int(await self.redis.hget(self.keys.key("meta"), META_FIELDS["group_max_active"]) or 0)
+            after_cap = settings["group_max_active"] or 0
+            more_room = before > 0 and (after_cap == 0 or after_cap > before)
         if written:
             await self._scripts.run(protocol.ConfigureArgs(written))
+        after = b""
+        while more_room:  # in calls of at most protocol.GROUP_HAND_BACK tasks
+            after = (await self._scripts.run(protocol.ConfigureGroupArgs("", after=after))).more
+            more_room = bool(after)
 
     async def settings(self) -> dict[str, Any]:
         """Queue-level settings currently stored in Redis (seconds for durations)."""
@@ -539,7 +549,8 @@ class TaskQueue(OwnsConnection):
                           r.paused, r.max_active,
                           rate_limit=(r.rate_tasks, r.rate_period_ms / 1000) if r.rate_tasks else None,
                           rate_window_starts=r.rate_started,
-                          starts_held_for=max(0.0, (r.held_until - r.now) / 1000) if r.held_until >= 0 else 0.0)
+                          starts_held_for=max(0.0, (r.held_until - r.now) / 1000) if r.held_until >= 0 else 0.0,
+                          parked=r.parked, group_caps=r.counting)
 
     async def hold_starts(self, seconds: float) -> float:
         """Start no task of this queue, on any worker, for `seconds` from now by Redis time
@@ -552,11 +563,29 @@ class TaskQueue(OwnsConnection):
         return (reply.held_until - reply.now) / 1000
 
     async def group_stats(self, group: str) -> GroupStats:
-        """One group's counts (a group with nothing waiting counts 0)."""
+        """One group's counts, cap and pause (a group nobody configured and with nothing
+        waiting, running or parked counts 0, under the queue's group_max_active)."""
         check_group(group)
+        return (await self._group_stats([group]))[0]
+
+    async def _group_stats(self, groups: Sequence[str]) -> list[GroupStats]:
+        """The groups' stats read in one round trip (plain reads: lua/includes/group_caps.lua has the layout)."""
+        ctl, backlog = self.keys.key("group_ctl"), self.keys.key("backlog")
         with self._redis_errors:
-            waiting = await self.redis.zscore(self.keys.key("groups"), group)
-        return GroupStats(group, int(waiting or 0))
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hget(self.keys.key("meta"), META_FIELDS["group_max_active"])
+                for group in groups:
+                    pipe.zscore(self.keys.key("groups"), group)
+                    pipe.hmget(ctl, f"a:{group}", f"m:{group}", f"p:{group}")
+                    pipe.zlexcount(backlog, f"[{group}\0", f"({group}\x01")
+                default, *replies = await pipe.execute()
+        out = []
+        for n, group in enumerate(groups):
+            waiting, (active, own, paused), parked = replies[3 * n:3 * n + 3]
+            cap = STORED["group_max_active"].clamp(int(own if own is not None else default or 0))
+            out.append(GroupStats(group, int(waiting or 0), max(0, int(active or 0)), int(parked), int(cap),
+                                  paused == "1"))
+        return out
 
     async def groups(self, *, offset: int = 0, count: int = 100, busiest: bool = True) -> list[GroupStats]:
         """A page of the groups that have waiting tasks: the busiest first (else the least
@@ -566,7 +595,37 @@ class TaskQueue(OwnsConnection):
         with self._redis_errors:
             page = await self.redis.zrange(self.keys.key("groups"), offset, offset + count - 1, desc=busiest,
                                            withscores=True)
-        return [GroupStats(str(group), int(waiting)) for group, waiting in cast("list[tuple[str, float]]", page)]
+        names = [str(group) for group, _ in cast("list[tuple[str, float]]", page)]
+        return await self._group_stats(names) if names else []
+
+    async def configure_group(self, group: str, *, max_active: int) -> GroupStats:
+        """Cap the attempts of `group` running at once, across every worker: max_active > 0 a
+        cap, 0 no cap for this group, -1 back to the queue's group_max_active. Its tasks beyond
+        the cap wait, parked (out of the waiting index: other groups run on), and go back as
+        its attempts end; a cap raised or removed hands back as many as it allows at once.
+        The queue's first cap or pause starts the counting: attempts running then finish
+        uncounted. Returns the group's stats after the change."""
+        check_group(group)
+        check_number("max_active", max_active, minimum=-1, integer=True, allow_none=False, maximum=MAX_COUNT)
+        return await self._control_group(group, max_active=str(max_active))
+
+    async def pause_group(self, group: str) -> GroupStats:
+        """Start no more tasks of `group` (its running attempts finish); other groups run on."""
+        check_group(group)
+        return await self._control_group(group, paused="1")
+
+    async def resume_group(self, group: str) -> GroupStats:
+        """Start tasks of `group` again: its parked tasks go back to waiting, as many as its cap allows."""
+        check_group(group)
+        return await self._control_group(group, paused="0")
+
+    async def _control_group(self, group: str, *, max_active: str = "", paused: str = "") -> GroupStats:
+        """One configure_group call, then more while it has parked tasks to hand back (each
+        call hands back at most protocol.GROUP_HAND_BACK)."""
+        reply = await self._scripts.run(protocol.ConfigureGroupArgs(group, max_active, paused))
+        while reply.more:
+            reply = await self._scripts.run(protocol.ConfigureGroupArgs(group, after=reply.more))
+        return GroupStats(group, reply.waiting, reply.active, reply.parked, reply.max_active, reply.paused)
 
     async def maintain(self, *, batch: int = 100) -> MaintenanceReport:
         """One bounded pass: recover expired leases, promote due tasks, expire records.

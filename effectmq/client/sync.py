@@ -53,6 +53,15 @@ class SyncTaskQueue:
     def groups(self, *, offset: int = 0, count: int = 100, busiest: bool = True) -> list[GroupStats]:
         return self._run(self._queue.groups(offset=offset, count=count, busiest=busiest))
 
+    def configure_group(self, group: str, *, max_active: int) -> GroupStats:
+        return self._run(self._queue.configure_group(group, max_active=max_active))
+
+    def pause_group(self, group: str) -> GroupStats:
+        return self._run(self._queue.pause_group(group))
+
+    def resume_group(self, group: str) -> GroupStats:
+        return self._run(self._queue.resume_group(group))
+
     def get(self, task_id: str) -> TaskInfo | None:
         return self._run(self._queue.get(task_id))
 

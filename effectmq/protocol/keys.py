@@ -14,6 +14,9 @@ INDEXES = ("waiting", "delayed", "active", "completed", "failed", "canceled")
 FORENSIC_KEYS = ("pods", "endings", "stall_minutes", "poison")
 # The log of a rate limit's starts (lua/includes/rate.lua): declared last by acquire and stats.
 RATE_KEYS = ("starts",)
+# A group's counted attempts, cap and pause, and the tasks parked by them
+# (lua/includes/group_caps.lua): declared last by the scripts that start or end attempts.
+GROUP_KEYS = ("group_ctl", "backlog")
 
 
 def check_queue_name(name: str) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Any, ClassVar, Generic, NamedTuple, Sequence, TypeVar
 
-from .keys import FORENSIC_KEYS, RATE_KEYS
+from .keys import FORENSIC_KEYS, GROUP_KEYS, RATE_KEYS
 
 # One offer script call handles at most this many tasks (Redis runs a script alone:
 # a bounded call keeps every other client's latency bounded too).
@@ -56,6 +56,9 @@ MAX_RATE_TASKS = 100_000
 MIN_RATE_PERIOD = 0.001
 MAX_RATE_PERIOD = 86400.0
 MAX_HOLD = 86400.0
+# Parked tasks one configure_group call hands back at most (lua/configure_group.lua): the
+# client calls again while it answers `more`.
+GROUP_HAND_BACK = 1000
 # A start counts for its period and a guard of 1 % of it, at most this many ms: the varying
 # delay from a lease to its handler's start, so that the handler starts a downstream
 # service sees keep to the window too (lua/includes/rate.lua rate_span).
@@ -232,6 +235,10 @@ class ScriptArgs(Generic[R]):
     # the task hashes and receipts, so that the other scripts' key lists stay short
     # (includes/forensics.lua declared_last).
     last_keys: ClassVar[tuple[str, ...]] = ()
+    # Of those, the last ones a caller leaves out until it learns that the queue needs them:
+    # the group keys, until a script answers that the queue counts its groups
+    # (lua/includes/group_caps.lua group_key_count; scripts.ScriptRunner.group_keys).
+    optional_keys: ClassVar[tuple[str, ...]] = ()
 
     def argv(self) -> list:
         raise NotImplementedError
@@ -406,13 +413,31 @@ class StatsReply:
     rate_period_ms: int
     rate_started: int  # leases started in the window that ends now
     held_until: int  # Redis time (ms) a hold of starts ends, -1 = none
+    parked: int  # waiting tasks held back by their group's cap or pause (lua/includes/group_caps.lua)
+    counting: bool  # a group cap or pause was set: attempts count against their groups
     heads: list[str]  # the first waiting id of each priority band
 
     @classmethod
     def from_reply(cls, reply: list) -> "StatsReply":
-        r = [int(x) for x in reply[:13]]
-        return cls(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8], r[9], r[10], r[11], r[12],
-                   [x.decode() if isinstance(x, bytes) else str(x) for x in reply[13:]])
+        r = [int(x) for x in reply[:15]]
+        return cls(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8], r[9], r[10], r[11], r[12], r[13],
+                   bool(r[14]), [x.decode() if isinstance(x, bytes) else str(x) for x in reply[15:]])
+
+
+@dataclass(frozen=True)
+class GroupReply:
+    waiting: int
+    active: int  # its attempts running, as counted since the queue's first cap or pause
+    parked: int
+    max_active: int  # its cap in force (its own, else the queue's group_max_active); 0 = none
+    paused: bool
+    more: bytes  # b'' = done; else call again (no group: with `after` = more)
+
+    @classmethod
+    def from_reply(cls, reply: list) -> "GroupReply":
+        more = reply[5]
+        return cls(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]), bool(int(reply[4])),
+                   more if isinstance(more, bytes) else str(more or "").encode())
 
 
 @dataclass(frozen=True)
@@ -493,7 +518,8 @@ class AcquireArgs(ScriptArgs[AcquireReply]):
     resent: str = ""
     rate_limit: str = ""  # "<tasks> <period_ms>" (settings.Setting.encode), '' = none
     completions: Sequence[Completion] = ()  # settled first, as by CompleteArgs
-    last_keys = RATE_KEYS
+    last_keys = RATE_KEYS + GROUP_KEYS
+    optional_keys = GROUP_KEYS
 
     def argv(self) -> list:
         return [self.count, self.lock_timeout_ms, self.token_prefix, self.promote_batch, self.window, self.peek,
@@ -528,6 +554,8 @@ class CompleteArgs(ScriptArgs[CompleteReply]):
     receipt: str  # this call's receipt id ('' = none), unique per call
     resent: str  # space-separated receipt ids of earlier calls that carried any of these
     completions: Sequence[Completion]
+    last_keys = GROUP_KEYS
+    optional_keys = GROUP_KEYS
 
     def argv(self) -> list:
         return [self.retention_ms, self.receipt, self.resent, *_flat(self.completions)]
@@ -550,6 +578,8 @@ class FailArgs(ScriptArgs[FailReply]):
     max_retries: int
     retention_ms: int
     receipts: str = ""  # space-separated: the calls that carried a completion by this token
+    last_keys = GROUP_KEYS
+    optional_keys = GROUP_KEYS
 
     def argv(self) -> list:
         return [self.id, self.token, self.error, self.retry_delay_ms, self.max_retries, self.retention_ms,
@@ -571,6 +601,8 @@ class ReleaseArgs(ScriptArgs[OutcomeReply]):
     delay_ms: int
     receipts: str = ""  # as FailArgs'
     ran: int = 1  # 0: its handler never started (release.lua: no attempt)
+    last_keys = GROUP_KEYS
+    optional_keys = GROUP_KEYS
 
     def argv(self) -> list:
         return [self.id, self.token, self.delay_ms, self.receipts, self.ran]
@@ -591,6 +623,8 @@ class ReclaimArgs(ScriptArgs[ReclaimReply]):
     Reply = ReclaimReply
     token_prefix: str  # the lost call's (AcquireArgs.token_prefix)
     ids: Sequence[str | bytes] = declared_keys()  # the candidates the lost call declared
+    last_keys = GROUP_KEYS
+    optional_keys = GROUP_KEYS
 
     def argv(self) -> list:
         return [self.token_prefix]
@@ -622,6 +656,8 @@ class CancelArgs(ScriptArgs[PreviousStateReply]):
     error: str  # JSON
     retention_ms: int
     request: str = ""  # random per call: a resend (its reply lost) answers as the first send did
+    last_keys = GROUP_KEYS
+    optional_keys = GROUP_KEYS
 
     def argv(self) -> list:
         return [self.id, self.error, self.retention_ms, self.request]
@@ -657,7 +693,8 @@ class MaintainArgs(ScriptArgs[MaintainReply]):
     poison_kept: int = POISON_KEPT
     poison_kills: int = POISON_KILLS
     candidates: Sequence[str | bytes] = declared_keys()  # ids read from the indexes first
-    last_keys = FORENSIC_KEYS
+    last_keys = FORENSIC_KEYS + GROUP_KEYS
+    optional_keys = GROUP_KEYS
 
     def argv(self) -> list:
         return [self.batch, self.max_stalled_count, self.stalled_error, self.retention_ms, self.retried_stall,
@@ -671,7 +708,8 @@ class MaintainArgs(ScriptArgs[MaintainReply]):
 class StatsArgs(ScriptArgs[StatsReply]):
     operation = "stats"
     Reply = StatsReply
-    last_keys = RATE_KEYS
+    last_keys = RATE_KEYS + GROUP_KEYS
+    optional_keys = GROUP_KEYS
 
     def argv(self) -> list:
         return []
@@ -695,6 +733,25 @@ class ConfigureArgs(ScriptArgs[ConfigureReply]):
 
     def argv(self) -> list:
         return _flat(self.settings)
+
+
+@dataclass(frozen=True)
+class ConfigureGroupArgs(ScriptArgs[GroupReply]):
+    """A group's cap and pause (TaskQueue.configure_group, pause_group, resume_group), or
+    with no group: the parked tasks the caps in force let go (after group_max_active changed)."""
+
+    operation = "configure_group"
+    Reply = GroupReply
+    raw = True  # `more` may be a backlog member: bytes, sent back as they came
+    group: str  # '' = every group
+    max_active: str = ""  # '' = unchanged, '-1' = the queue's, '0' = no cap, 'N'
+    paused: str = ""  # '' = unchanged, '1' | '0'
+    batch: int = GROUP_HAND_BACK
+    after: bytes = b""  # no group: the `more` of the call before
+    last_keys = GROUP_KEYS
+
+    def argv(self) -> list:
+        return [self.group, self.max_active, self.paused, self.batch, self.after]
 
 
 @dataclass(frozen=True)
@@ -750,5 +807,5 @@ class LiveWorkersArgs(ScriptArgs[WorkersReply]):
 SCRIPTS: dict[str, type[ScriptArgs]] = {cls.operation: cls for cls in (
     OfferArgs, AcquireArgs, RenewArgs, CompleteArgs, FailArgs, ReleaseArgs, ReclaimArgs, ProgressArgs,
     CancelArgs, RetryArgs, MaintainArgs, StatsArgs, ConfigureArgs, WorkersArgs, LiveWorkersArgs, WorkerEndingArgs,
-    HoldArgs,
+    HoldArgs, ConfigureGroupArgs,
 )}

@@ -292,6 +292,10 @@ class ScriptRunner:
         # FCALL of library() while Redis has functions (7.0 on); False: EVALSHA, for a
         # Redis without them (6.2) or an ACL that forbids them.
         self.functions = True
+        # Whether calls declare their optional keys (ScriptArgs.optional_keys: the group
+        # keys), set for good once a script answered that the queue counts its groups:
+        # until then calls go without, as two more keys cost every call.
+        self.group_keys = False
 
     def task_keys(self, task_ids: Sequence[str | bytes]) -> list[bytes]:
         """The task hashes of these ids (keys.QueueKeys.task), as the scripts declare them."""
@@ -303,8 +307,11 @@ class ScriptRunner:
         prefix = self.keys[0] + b"r:"
         return [prefix + i.encode() for i in receipt_ids]
 
-    def last_keys(self, parts: Sequence[str]) -> list[bytes]:
-        """The queue keys a script declares last (ScriptArgs.last_keys), after its receipts."""
+    def last_keys(self, parts: Sequence[str], optional: Sequence[str] = ()) -> list[bytes]:
+        """The queue keys a script declares last (ScriptArgs.last_keys), after its receipts;
+        its `optional` ones (ScriptArgs.optional_keys, the last) only once `group_keys`."""
+        if optional and not self.group_keys:
+            parts = parts[:len(parts) - len(optional)]
         return [self.keys[0] + part.encode() for part in parts]
 
     def _packed(self, operation: str, argv: Sequence[Any], task_keys: Sequence[bytes] = ()) -> list[bytes]:
@@ -334,7 +341,7 @@ class ScriptRunner:
             def packed() -> list[list[bytes]]:  # again after a change of self.functions
                 return [self._packed(args.operation, args.argv(),
                                      self.task_keys(args.task_ids()) + self.receipt_keys(args.receipt_ids())
-                                     + self.last_keys(args.last_keys))
+                                     + self.last_keys(args.last_keys, args.optional_keys))
                         for args in calls]
             replies = await self._call(first.operation, packed, first.raw, confirm)
             if confirm is not None and confirm.refusal is not None:
@@ -355,16 +362,22 @@ class ScriptRunner:
                     raise
                 resent = True  # once, on a fresh connection
                 continue
-            missing = [_not_loaded(r) for r in replies]
-            for _ in range(2):  # after a restart, SCRIPT or FUNCTION FLUSH: load, send those again
-                if not any(missing):  # (twice: functions refused, then the script by SHA)
-                    break
-                await self._load(operation, replies)
-                packed = pack()
-                again = await self._send([p for p, m in zip(packed, missing) if m], raw, confirm)
-                it = iter(again)
-                replies = [next(it) if m else r for r, m in zip(replies, missing)]
+            # After a restart, SCRIPT or FUNCTION FLUSH: load, send those again (twice: functions
+            # refused, then the script by SHA). A queue that counts its groups: with their keys.
+            for _ in range(3):
                 missing = [_not_loaded(r) for r in replies]
+                keys_wanted = [_group_keys_wanted(r) for r in replies]
+                if not any(missing) and not any(keys_wanted):
+                    break
+                if any(missing):
+                    await self._load(operation, replies)
+                if any(keys_wanted):
+                    self.group_keys = True
+                again_at = [m or k for m, k in zip(missing, keys_wanted)]
+                packed = pack()
+                again = await self._send([p for p, a in zip(packed, again_at) if a], raw, confirm)
+                it = iter(again)
+                replies = [next(it) if a else r for r, a in zip(replies, again_at)]
             for reply in replies:
                 if isinstance(reply, redis_errors.ResponseError):
                     raise reply
@@ -421,6 +434,12 @@ def _not_loaded(reply: Any) -> bool:
     """Whether a reply says Redis lacks the script or function called (it ran nothing)."""
     return isinstance(reply, redis_errors.NoScriptError) or _functions_refused(reply) or (
         isinstance(reply, redis_errors.ResponseError) and str(reply).startswith("Function not found"))
+
+
+def _group_keys_wanted(reply: Any) -> bool:
+    """A script's refusal of a call without the group keys on a queue that counts its groups
+    (lua/includes/group_caps.lua group_keys_refused): it ran nothing."""
+    return isinstance(reply, redis_errors.ResponseError) and str(reply).startswith("GROUPKEYS ")
 
 
 def _functions_refused(reply: Any) -> bool:

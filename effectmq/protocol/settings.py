@@ -131,6 +131,12 @@ TABLE: tuple[Setting, ...] = (
                    "workers of the queue, by Redis time (acquire keeps a log of the starts); unset: no limit. "
                    "Workers then hold no leases ahead (prefetch): a held lease would start its handler later "
                    "than its lease, and the window the downstream service sees would no longer hold."),
+    _S("group_max_active", "groups.maxActive", Kind.COUNT, 0, minimum=0, maximum=MAX_COUNT, redis="group_max_active",
+       unit="attempts",
+       description="Cap on the attempts of each task group active at once, across all workers; 0 means no cap. "
+                   "A group's own cap (TaskQueue.configure_group) wins. Acquire parks a task "
+                   "of a group at its cap, and hands it back when one of the group's attempts ends; parked "
+                   "tasks are no demand for more replicas."),
     # -- the retry policy's fields, as a Queue resource spells them ---------------------
     _S(None, "retry.backoff", Kind.ENUM, "Exponential", choices=("Fixed", "Exponential"),
        description="Fixed: always initialDelaySeconds. Exponential: doubling from initialDelaySeconds "

@@ -17,8 +17,11 @@
 --   (Stalling=True)                                        Healthy, the message Stalling's
 --   Healthy, and the Queue's rate limit holds tasks back
 --   (RateLimited=True)                                     Healthy, the message RateLimited's
+--   Healthy, and tasks wait for their group's cap or
+--   resume (GroupCapped=True)                              Healthy, the message GroupCapped's
 -- (a stalling Queue still works, its attempts are retried: not Degraded; its message
--- says what to fix; a rate-limited one works as asked, its message says why tasks wait).
+-- says what to fix; a rate-limited or group-capped one works as asked, its message says
+-- why tasks wait).
 -- Argo CD opens no string library for argocd-cm scripts: base, table and os only.
 
 local SUSPENDED_BY = {
@@ -27,13 +30,13 @@ local SUSPENDED_BY = {
 }
 
 -- Healthy, unless the spec stops the resource's work on purpose; a warning condition
--- (Stalling=True, else RateLimited=True) is told in the message.
+-- (Stalling=True, else RateLimited=True, else GroupCapped=True) is told in the message.
 local function settled(message)
   local suspended = SUSPENDED_BY[obj.kind]
   if suspended ~= nil and obj.spec ~= nil and obj.spec[suspended.field] == true then
     return {status = "Suspended", message = suspended.message}
   end
-  local limited = nil
+  local limited, capped = nil, nil
   for _, condition in ipairs(obj.status.conditions or {}) do
     if condition.type == "Stalling" and condition.status == "True" and condition.message ~= nil then
       return {status = "Healthy", message = "stalling: " .. condition.message}
@@ -41,9 +44,15 @@ local function settled(message)
     if condition.type == "RateLimited" and condition.status == "True" and condition.message ~= nil then
       limited = condition
     end
+    if condition.type == "GroupCapped" and condition.status == "True" and condition.message ~= nil then
+      capped = condition
+    end
   end
   if limited ~= nil then
     return {status = "Healthy", message = "rate limited: " .. limited.message}
+  end
+  if capped ~= nil then
+    return {status = "Healthy", message = "group capped: " .. capped.message}
   end
   return {status = "Healthy", message = message}
 end

@@ -253,6 +253,7 @@ def queue_settings(spec: QueueSpec) -> dict[str, Any]:
         "max_retries": spec.max_retries,
         "retry": retry_policies.from_json(spec.retry) if spec.retry else None,
         "rate_limit": spec.rate_limit,
+        "group_max_active": spec.group_max_active,
     }
 
 

@@ -276,7 +276,7 @@ FIGURES_SOON = 10.0  # seconds since the last write; bounds a queue that flaps b
 # own only this often (every idle Queue writing it per poll would be most of the traffic).
 POLL_TIME = "lastPollTime"
 POLL_TIME_EVERY = 300.0
-PENDING = ("waiting", "delayed", "active")
+PENDING = ("waiting", "delayed", "active", "parked")
 
 
 NOT_CHECKED = "NotChecked"  # the reason of a check that could not be made (status Unknown)
@@ -435,6 +435,9 @@ def plan(facts: QueueFacts, *, generation: int | None, previous: Mapping[str, An
                                      prev_conditions)
         if throttled is not None:  # why the backlog waits, beside Ready: the queue works as asked
             checks.append(throttled)
+        capped = throttling.group_check(facts.stats, prev_conditions)
+        if capped is not None:  # the same, for tasks parked by their group's cap or pause
+            checks.append(capped)
     status: dict[str, Any] = {k: v for k, v in previous.items() if k in (
         "backlog", "oldestWaitingSeconds", "lastScaleTime", "lastScaleReason", "desiredReplicas", POLL_TIME)}
     status["observedGeneration"] = generation
@@ -442,7 +445,7 @@ def plan(facts: QueueFacts, *, generation: int | None, previous: Mapping[str, An
     if facts.stats is not None:
         s = facts.stats
         status["backlog"] = {"waiting": s.waiting, "delayed": s.delayed, "active": s.active, "failed": s.failed,
-                             "completed": s.completed}
+                             "completed": s.completed, "parked": s.parked}
         status["oldestWaitingSeconds"] = round(s.oldest_waiting_seconds, 3)
         status[POLL_TIME] = now_iso(now)
     d = facts.deployment

@@ -2,7 +2,9 @@
 
 Used by the operator for Deployments and by the local runner for processes.
 
-  demand   = ready backlog (waiting) + in-flight (active)
+  demand   = ready backlog (waiting) + in-flight (active); tasks parked by their group's cap
+           or pause are not in it: they start only as their group's attempts end (or it
+           resumes), whatever the replicas
   target   = ceil(demand / targetTasksPerReplica), clamped to [min, max]
   0 -> 1   only when waiting >= activationTasks
   up       at once, but at most max(2x, +4) replicas per decision

@@ -21,7 +21,8 @@ from .scaling import ScalingSpec
 
 # Schema defaults, minima and maxima of crds/queue.yaml by field path under spec, from
 # the settings table (the CRD is written from it too), plus the objects defaulted to {}.
-QUEUE_DEFAULTS: dict[str, Any] = {**settings.resource_defaults(), "retry": {}, "retention": {}, "scaling": {}}
+QUEUE_DEFAULTS: dict[str, Any] = {**settings.resource_defaults(), "retry": {}, "retention": {}, "scaling": {},
+                                  "groups": {}}
 QUEUE_MINIMA: dict[str, float] = settings.resource_minima()
 # Every interval is bounded, so a typo (pollIntervalSeconds: 2147483647) is refused
 # instead of silently never polling.
@@ -138,6 +139,7 @@ class QueueSpec:
     retention_completed: int = 86400
     retention_failed: int = 604800
     rate_limit: tuple[int, float] | None = None  # (tasks, period seconds): starts allowed per window
+    group_max_active: int = 0  # each task group's cap on attempts running at once (0: none)
 
     @property
     def replica_cap(self) -> int | None:
@@ -213,7 +215,7 @@ class QueueSpec:
             max_retries=None if s.raw("maxRetries") is None else s.int("maxRetries"),
             max_stalled_count=s.int("maxStalledCount"), retry=s.section("retry").filled(),
             retention_completed=retention.int("completedSeconds"), retention_failed=retention.int("failedSeconds"),
-            rate_limit=rate_limit,
+            rate_limit=rate_limit, group_max_active=s.section("groups").int("maxActive"),
         )
 
 

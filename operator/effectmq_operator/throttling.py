@@ -1,10 +1,14 @@
-"""Why a Queue's backlog waits although workers could take it (pure): its rate limit.
+"""Why a Queue's backlog waits although workers could take it (pure): its rate limit, and
+its task groups' caps.
 
-`RateLimited` is a condition beside Ready, like Stalling and for the same reason: a
-queue held back by its own limit works as asked, so Flux, Argo CD and `kubectl wait
---for=condition=Ready` keep calling it healthy. The condition says why tasks wait (the
-limit reached, or starts held by a handler whose downstream service asked to slow
-down), and scaling (scaling.py) adds no replicas the limit could not use.
+`RateLimited` and `GroupCapped` are conditions beside Ready, like Stalling and for the
+same reason: a queue held back by its own limits works as asked, so Flux, Argo CD and
+`kubectl wait --for=condition=Ready` keep calling it healthy. RateLimited says why tasks
+wait (the limit reached, or starts held by a handler whose downstream service asked to
+slow down), and scaling (scaling.py) adds no replicas the limit could not use.
+GroupCapped says how many waiting tasks are parked for their group's cap or pause: they
+start only as their group's attempts end or it resumes, so they are no demand for
+replicas either (QueueStats.waiting leaves them out).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any, Iterable
 from .status import Check
 
 CONDITION = "RateLimited"
+GROUP_CONDITION = "GroupCapped"
 
 
 @dataclass(frozen=True)
@@ -66,3 +71,21 @@ def check(throttle: Throttle | None, previous: Iterable[dict[str, Any]] = ()) ->
                      f"({throttle.window_starts} started in the last {throttle.limit[1]:g}s)")
     said = f"the rate limit of {describe_limit(throttle.limit)}" if throttle.limit else "the rate limit"
     return Check(CONDITION, "False", "BelowLimit", f"starts are below {said}")
+
+
+def group_check(stats: Any, previous: Iterable[dict[str, Any]] = ()) -> Check | None:
+    """The GroupCapped condition (from effectmq.QueueStats): none for a queue that never had
+    a group cap or pause; Unknown when Redis could not be read and the Queue has the
+    condition (its last verdict is stale)."""
+    if stats is None:
+        if any(c.get("type") == GROUP_CONDITION for c in previous):
+            return Check(GROUP_CONDITION, "Unknown", "NotChecked", "the parked tasks could not be read from Redis")
+        return None
+    parked = stats.parked
+    if parked > 0:
+        return Check(GROUP_CONDITION, "True", "TasksParked",
+                     f"{parked} of {stats.waiting + parked} waiting tasks wait for their group's cap or resume; "
+                     "more replicas would not start them")
+    if stats.group_caps:
+        return Check(GROUP_CONDITION, "False", "NoneParked", "no waiting task is held back by its group's cap or pause")
+    return None

@@ -189,6 +189,21 @@ def rate_limited_queue() -> dict:
     return obj
 
 
+def group_capped_queue(rate_limited: bool = False) -> dict:
+    """A ready Queue with tasks parked by their group's cap: GroupCapped beside Ready (and
+    RateLimited, which Argo CD names first). It works as asked: healthy for both tools."""
+    from effectmq import QueueStats
+    from effectmq_operator import throttling
+
+    obj = operator_object("Queue", None)
+    stats = QueueStats("q", 20, 0, 5, 0, 0, 0, 1.0, False, 0, parked=300, group_caps=True)
+    checks = QUEUE_CHECKS_OK + [throttling.group_check(stats)]
+    if rate_limited:
+        checks.append(throttling.check(throttling.Throttle((100, 1.0), 100, 0.0, 5000)))
+    obj["status"]["conditions"] = conditions(checks, None, obj["status"]["observedGeneration"])
+    return obj
+
+
 def operator_cases(kind: str) -> list[Case]:
     problems = QUEUE_PROBLEMS if kind == "Queue" else SCHEDULE_PROBLEMS
     stop = {SUSPEND_FIELD[kind]: True}
@@ -217,7 +232,9 @@ def operator_cases(kind: str) -> list[Case]:
     if kind == "Queue":
         cases += [Case("stalling", stalling_queue(), "Healthy", "Current"),
                   Case("paused-and-stalling", stalling_queue(paused=True), "Suspended", "Current"),
-                  Case("rate-limited", rate_limited_queue(), "Healthy", "Current")]
+                  Case("rate-limited", rate_limited_queue(), "Healthy", "Current"),
+                  Case("group-capped", group_capped_queue(), "Healthy", "Current"),
+                  Case("group-capped-and-rate-limited", group_capped_queue(rate_limited=True), "Healthy", "Current")]
     return cases
 
 
@@ -265,9 +282,12 @@ def test_argo_cd_and_kstatus_agree(case: Case, judged, kstatus):
     if case.id == "Queue/operator/stalling":  # healthy, with the warning and its advice as the message
         assert argo.message.startswith("stalling: 5 stalls in 10 min: OOMKilled 4, Unknown 1; raise "
                                        "worker.resources.limits.memory"), argo.message
-    if case.id == "Queue/operator/rate-limited":  # healthy, saying why tasks wait
+    if case.id in ("Queue/operator/rate-limited", "Queue/operator/group-capped-and-rate-limited"):
         assert argo.message == ("rate limited: 5000 waiting: the rate limit of 100 starts per 1s is reached (100 "
-                                "started in the last 1s)"), argo.message
+                                "started in the last 1s)"), argo.message  # healthy, saying why tasks wait
+    if case.id == "Queue/operator/group-capped":
+        assert argo.message == ("group capped: 300 of 320 waiting tasks wait for their group's cap or resume; more "
+                                "replicas would not start them"), argo.message
 
 
 def test_every_state_argo_cd_users_expect_is_covered():

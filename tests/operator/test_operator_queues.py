@@ -150,6 +150,39 @@ def test_a_rate_limit_reaches_redis_and_the_status_says_why_tasks_wait(kube_cont
         q.close()
 
 
+def test_a_queue_wide_group_cap_reaches_redis_and_the_status_counts_the_parked(kube_control_plane, kube_namespace,
+                                                                               start_operator, redis_url):
+    plane, ns = kube_control_plane, kube_namespace
+    start_operator()
+    manifest = yaml.safe_load(queue_manifest("tenants", redis_url, groups={"maxActive": 1},
+                                             scaling={"pollIntervalSeconds": 1}))
+    del manifest["spec"]["worker"]  # no pods here: Ready is the queue's own verdict
+    apply(plane, ns, yaml.safe_dump(manifest))
+    q = effectmq.SyncTaskQueue(f"{ns}/tenants", url=redis_url)
+    try:
+        wait_for(lambda: q.settings().get("group_max_active") == 1, what="the group cap in Redis")
+        q.offer_many([("send_email", {"to": f"user{i}@example.com"}, {"group": "acme"}) for i in range(4)])
+        assert leased(redis_url, f"{ns}/tenants", 2) == [True, False]  # the cap, as workers meet it
+        capped = wait_for(lambda: (lambda c: c if c and c["status"] == "True" else None)(
+            condition(get(plane, ns, "queue", "tenants"), "GroupCapped")), what="GroupCapped=True")
+        assert capped["reason"] == "TasksParked"
+        assert capped["message"] == ("3 of 3 waiting tasks wait for their group's cap or resume; more replicas would "
+                                     "not start them")
+        body = get(plane, ns, "queue", "tenants")
+        assert condition(body, "Ready")["status"] == "True"  # works as asked
+        assert body["status"]["backlog"]["parked"] == 3 and body["status"]["backlog"]["waiting"] == 0
+
+        # The field removed: no cap in Redis, the parked tasks go back, and the condition says so.
+        plane.kubectl("patch", "queue", "tenants", "-n", ns, "--type=json",
+                      "-p", '[{"op": "remove", "path": "/spec/groups"}]')
+        wait_for(lambda: q.settings().get("group_max_active") == 0, what="the cap lifted")
+        assert q.stats().parked == 0 and q.group_stats("acme").waiting == 3
+        wait_for(lambda: (condition(get(plane, ns, "queue", "tenants"), "GroupCapped") or {}).get("reason")
+                 == "NoneParked", what="GroupCapped=False")
+    finally:
+        q.close()
+
+
 def test_end_to_end_with_workers_run_from_the_deployment(kube_control_plane, kube_namespace, start_operator,
                                                          redis_url, tmp_path):
     plane, ns = kube_control_plane, kube_namespace

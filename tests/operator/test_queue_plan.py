@@ -11,6 +11,7 @@ NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
 class Stats:
     waiting, delayed, active, failed, completed, oldest_waiting_seconds = 12, 0, 2, 1, 40, 3.25
     rate_limit, rate_window_starts, starts_held_for = None, 0, 0.0
+    parked, group_caps = 0, False
 
 
 def deployment(replicas=2, generation=3, observed=3, updated=2, available=2, progressing=None):

@@ -50,6 +50,17 @@ def test_a_rate_limit_reaches_redis_and_scaling():
     assert queue_settings(unlimited)["rate_limit"] is None  # removing the field lifts the limit in Redis
 
 
+def test_a_queue_wide_group_cap_reaches_redis():
+    from effectmq_operator.builders import queue_settings
+
+    spec = QueueSpec.parse({**MINIMAL, "groups": {"maxActive": 4}})
+    assert spec.group_max_active == 4 and queue_settings(spec)["group_max_active"] == 4
+    assert queue_settings(QueueSpec.parse(MINIMAL))["group_max_active"] == 0  # none: the field removed lifts it
+    for bad, message in ((-1, "must be >= 0"), (1.5, "must be an integer"), (True, "must be an integer")):
+        with pytest.raises(InvalidSpec, match=rf"spec.groups.maxActive: {message}"):
+            QueueSpec.parse({**MINIMAL, "groups": {"maxActive": bad}})
+
+
 @pytest.mark.parametrize("rate, message", [
     ({"tasks": 0, "periodSeconds": 1}, r"spec.rateLimit.tasks: must be >= 1"),
     ({"tasks": 10**9, "periodSeconds": 1}, r"spec.rateLimit.tasks: must be <= 100000"),

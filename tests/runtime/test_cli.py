@@ -165,6 +165,31 @@ async def test_maintain_and_the_worker_name_the_batch_alike(redis_url, capsys, m
     assert old.returncode == 0 and "--batch is deprecated: use --maintenance-batch" in old.stderr, old.stderr
 
 
+async def test_a_groups_cap_and_pause_from_the_command_line(redis_url):
+    common = ["--queue", "capped", "--url", redis_url]
+    assert cli("offer", "work", "1", "--group", "acme", *common).returncode == 0
+    q = effectmq.TaskQueue("capped", url=redis_url)
+    shown = cli("group", "acme", *common)
+    assert shown.stdout.strip() == "group acme of queue capped: 0 running (no cap), 1 waiting, 0 parked"
+    capped = cli("group", "acme", "--max-active", "3", *common)
+    assert capped.stdout.strip() == "group acme of queue capped: 0 running (at most 3), 1 waiting, 0 parked"
+    paused = json.loads(cli("group", "acme", "--pause", "--json", *common).stdout)
+    assert paused == {"group": "acme", "waiting": 1, "active": 0, "parked": 0, "max_active": 3, "paused": True}
+    assert await q.acquire() is None  # parked
+    assert "0 running (at most 3), paused, 0 waiting, 1 parked" in cli("group", "acme", *common).stdout
+    resumed = cli("group", "acme", "--resume", "--max-active", "-1", *common)
+    assert resumed.stdout.strip() == "group acme of queue capped: 0 running (no cap), 1 waiting, 0 parked"
+    for bad, says in ((["--max-active", "-2"], "max_active must be >= -1"), (["--max-active", "x"], "invalid int"),
+                      (["--pause", "--resume"], "not allowed with argument"), (["--max-active", str(2**31)], "<= ")):
+        refused = cli("group", "acme", *bad, *common)
+        assert refused.returncode == 2 and says in refused.stderr and "Traceback" not in refused.stderr, bad
+    refused = cli("group", "a\tb", *common)
+    assert refused.returncode == 2 and "control characters" in refused.stderr
+    assert cli("group", "acme", "--queue", "nobody", "--url", redis_url).returncode != 0  # an unknown queue
+    assert (await q.group_stats("acme")).max_active == 0
+    await q.close()
+
+
 async def test_rate_limit_and_hold_from_the_command_line(redis_url):
     common = ["--queue", "limited", "--url", redis_url]
     assert cli("offer", "call_api", "1", *common).returncode == 0

@@ -61,7 +61,7 @@ def test_the_check_reports_an_undeclared_key_and_accepts_a_declared_one(redis_ur
 
 
 def test_every_known_script_is_named():
-    assert _scripts("engine") == {f"engine:{op}" for op in protocol.SCRIPTS} and len(_scripts("engine")) == 17
+    assert _scripts("engine") == {f"engine:{op}" for op in protocol.SCRIPTS} and len(_scripts("engine")) == 18
     assert _scripts("scheduler") == {f"scheduler:{op}" for op in schedule_store.OPERATIONS}
     # no SHA or function name shared: the engine's by SHA (EVALSHA) and by function (FCALL)
     assert len(set(known_scripts())) == 2 * len(_scripts("engine")) + len(_scripts("scheduler"))
@@ -133,6 +133,22 @@ async def test_every_engine_script_declares_the_keys_it_touches(redis_url):
             lease = await queue.acquire()
             prefix = lease.token.rsplit(":", 1)[0]
             assert (await queue._scripts.run(protocol.ReclaimArgs(prefix, ["lost-reply"]))).reclaimed == 1
+            await queue.configure_group("g", max_active=1)  # group caps: tasks parked and handed back
+            await queue.offer_many([("work", "g", {"task_id": f"g{i}", "group": "g"}) for i in range(5)])
+            leased = [await queue.acquire() for _ in range(3)]  # one of g leased, the picks after it parked
+            held = [lease for lease in leased if lease and lease.task_id.startswith("g")]
+            assert len(held) == 1 and (await queue.stats()).parked >= 1
+            await held[0].release()  # a parked one goes back
+            held = [await queue.acquire()]
+            await held[0].fail(RuntimeError("no"), retryable=False)
+            held = [await queue.acquire()]
+            parked = (await queue.redis.zrange(queue.keys.key("backlog"), 0, 0))[0].split("\0")[1][16:]
+            assert await queue.cancel(parked) == "waiting"
+            await queue.pause_group("g")
+            await held[0].complete("ok")
+            await queue.resume_group("g")
+            await queue.configure(group_max_active=2)
+            assert (await queue.group_stats("g")).max_active == 1
             await queue.stats()
             await queue.hold_starts(0)
     finally:

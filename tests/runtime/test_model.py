@@ -1,7 +1,10 @@
 """Model-based test: random sequences of operations against real Redis and a pure
 reference model, with the protocol's invariants checked after every step. Tasks may carry
 a group: the model gives each entry into waiting its sequence number as
-lua/includes/groups.lua describes it, and checks the waiting counts per group."""
+lua/includes/groups.lua describes it, and checks the waiting counts per group. Groups may
+be capped or paused (lua/includes/group_caps.lua): the model counts each group's attempts
+and hands its parked tasks back as the script does; which picks acquire parked it reads
+from Redis and checks (each was waiting ahead of the lease, its group paused or full)."""
 
 from __future__ import annotations
 
@@ -42,6 +45,8 @@ class ModelTask:
     expired: bool = False  # the current lease ran out (by the simulated clock)
     last_token: str | None = None  # the token that last settled or released it
     last_outcome: str | None = None  # how it did: completed, retry, failed, released
+    parked: bool = False  # waiting, held back by its group's cap or pause (in the backlog)
+    counted: bool = False  # its current lease counts against its group
 
 
 @dataclass
@@ -53,25 +58,60 @@ class Model:
     rate: int | None = None  # tasks per RATE_PERIOD (a period no example outlasts), None: no limit
     logged: int = 0  # starts in the log of starts (acquire.lua): all in the window, the newest `rate` kept
     held: bool = False  # starts held (hold_starts) for longer than any example
+    counting: bool = False  # a cap or pause came: leases count against their group
+    caps: dict[str, int] = field(default_factory=dict)  # a group's own cap (0: none)
+    default_cap: int = 0  # the queue's group_max_active (0: none)
+    paused: set[str] = field(default_factory=set)
 
     def may_start(self) -> bool:
         return not self.held and (self.rate is None or self.logged < self.rate)
 
     def waiting_count(self, group: str) -> int:
-        return sum(1 for t in self.tasks.values() if t.state == "waiting" and t.group == group)
+        return sum(1 for t in self.tasks.values() if t.state == "waiting" and not t.parked and t.group == group)
+
+    def running(self, group: str) -> int:
+        return sum(1 for t in self.tasks.values() if t.state == "active" and t.counted and t.group == group)
+
+    def room(self, group: str) -> float:
+        if group in self.paused:
+            return 0
+        cap = self.caps.get(group, self.default_cap)
+        return float("inf") if cap == 0 else max(cap - self.running(group), 0)
+
+    def parked_in(self, group: str) -> list[str]:
+        """A group's parked tasks in backlog order: their waiting score, then id."""
+        return sorted((tid for tid, t in self.tasks.items() if t.parked and t.group == group),
+                      key=lambda tid: (-self.tasks[tid].priority, self.tasks[tid].seq, tid))
+
+    def hand_back(self, group: str, most: float) -> None:
+        for tid in self.parked_in(group)[:int(min(most, 1000))]:
+            self.tasks[tid].parked = False  # back in waiting at its old turn
+
+    def freed(self, groups: list[str | None]) -> None:
+        """Attempts of these groups ended in one call: for each, one parked task goes back
+        while the group has room (16 without a cap)."""
+        for group in sorted({g for g in groups if g}):
+            frees = sum(1 for g in groups if g == group)
+            capped = self.caps.get(group, self.default_cap) != 0
+            self.hand_back(group, min(self.room(group), frees if capped else 16))
+
+    def forget_idle_clocks(self) -> None:
+        """A group's clock goes with its last waiting task (groups.lua)."""
+        for group in [g for g in self.clocks if not self.waiting_count(g)]:
+            del self.clocks[group]
 
     def next_seq(self, group: str | None, priority: int) -> int:
         """The sequence number a task entering waiting takes (groups.lua), from the state
         before it enters."""
-        if group is None and not any(t.state == "waiting" and t.group for t in self.tasks.values()):
+        if group is None and not any(t.state == "waiting" and not t.parked and t.group for t in self.tasks.values()):
             self.seq += 1
             return self.seq
-        band = [t.seq for t in self.tasks.values() if t.state == "waiting" and t.priority == priority]
+        band = [t.seq for t in self.tasks.values() if t.state == "waiting" and not t.parked and t.priority == priority]
         head = min(band) if band else self.seq
         if group is None:
             last = self.default_clock
         else:  # a group's clock is kept while it has waiting tasks
-            last = self.clocks.get(group, 0) if self.waiting_count(group) else 0
+            last = self.clocks.get(group, 0)
         seq = max(last + 1, head + 1)
         if group is None:
             self.default_clock = seq
@@ -83,12 +123,17 @@ class Model:
     def enqueue(self, tid: str) -> None:
         t = self.tasks[tid]
         t.seq = self.next_seq(t.group, t.priority)
-        t.state, t.token, t.expired = "waiting", None, False
+        t.state, t.token, t.expired, t.counted = "waiting", None, False, False
 
-    def next_waiting(self) -> set[str]:
-        """The head of waiting: one task, or those sharing its score (two groups' n-th
-        tasks), which acquire may lease in either order."""
-        waiting = [(-t.priority, t.seq, tid) for tid, t in self.tasks.items() if t.state == "waiting"]
+    def order(self, tid: str) -> tuple[int, int]:
+        return -self.tasks[tid].priority, self.tasks[tid].seq
+
+    def next_waiting(self, left_out: set[str] = frozenset()) -> set[str]:
+        """The head of waiting (but `left_out`) among tasks whose group may start one more:
+        one task, or those sharing its score (two groups' n-th tasks), which acquire may
+        lease in either order."""
+        waiting = [(*self.order(tid), tid) for tid, t in self.tasks.items() if t.state == "waiting"
+                   and not t.parked and tid not in left_out and (not t.group or self.room(t.group) > 0)]
         if not waiting:
             return set()
         first = min(waiting)[:2]
@@ -148,16 +193,26 @@ class QueueMachine(RuleBasedStateMachine):
     @rule()
     def acquire(self):
         lease = self.run(self.q.acquire())
-        expected = self.model.next_waiting() if self.model.may_start() else set()
+        model = self.model
+        in_backlog = {m.split("\0", 1)[1][16:] for m in self.raw.zrange(self.q.keys.key("backlog"), 0, -1)}
+        parked = {tid for tid in in_backlog if not model.tasks[tid].parked}
+        for tid in parked:  # each was waiting, its group paused or full, and ahead of the lease
+            t = model.tasks[tid]
+            assert t.state == "waiting" and t.group and model.room(t.group) == 0, (tid, t)
+            assert lease is None or model.order(tid) <= model.order(lease.task_id), (tid, lease)
+            t.parked = True
+        model.forget_idle_clocks()
+        expected = model.next_waiting() if model.may_start() else set()
         if not expected:
             assert lease is None
             return
-        if self.model.rate is not None:
-            self.model.logged = min(self.model.logged + 1, self.model.rate)
-        assert lease is not None and lease.task_id in expected
-        t = self.model.tasks[lease.task_id]
-        t.state, t.token, t.expired = "active", lease.token, False
+        if model.rate is not None:
+            model.logged = min(model.logged + 1, model.rate)
+        assert lease is not None and lease.task_id in expected, (lease, expected, parked)
+        t = model.tasks[lease.task_id]
+        t.state, t.token, t.expired, t.counted = "active", lease.token, False, model.counting
         t.attempt += 1
+        model.seq += 1  # the lease token's sequence number, from the same counter
         assert lease.token not in {held.token for held in self.leases}  # unique per attempt
         assert (lease.attempt, lease.handler_failure_count, lease.stalled_attempt_count) == (t.attempt, t.hfc, t.sac)
         self.leases.append(lease)
@@ -195,6 +250,7 @@ class QueueMachine(RuleBasedStateMachine):
             t = self.model.tasks[lease.task_id]
             t.state, t.token = "completed", None
             self.settled(lease, "completed")
+            self.ended([t])
 
     @rule(i=st.integers(0, 1000))
     def fail(self, i):
@@ -207,17 +263,21 @@ class QueueMachine(RuleBasedStateMachine):
             t.hfc += 1
             assert retried == (t.hfc <= MAX_RETRIES)
             self.settled(lease, "retry" if retried else "failed")
+            ended = self.ending(t)
             if retried:
                 self.model.enqueue(lease.task_id)
             else:
                 t.state, t.token = "failed", None
+            self.ended(ended)
 
     @rule(i=st.integers(0, 1000))
     def release(self, i):
         lease = self.pick(i)
         if lease and self.fenced(lease, lease.release(), "release")[0]:
             self.settled(lease, "released")
+            ended = self.ending(self.model.tasks[lease.task_id])
             self.model.enqueue(lease.task_id)
+            self.ended(ended)
 
     @rule(i=st.integers(0, 1000))
     def renew_or_progress(self, i):
@@ -241,6 +301,7 @@ class QueueMachine(RuleBasedStateMachine):
         expired = sorted(tid for tid, t in self.model.tasks.items() if t.state == "active" and t.expired)
         swept = expired[:batch]
         assert report.recovered + report.stalled_failed == len(swept) <= batch
+        ended = [t for tid in swept for t in self.ending(self.model.tasks[tid])]
         for tid in swept:
             t = self.model.tasks[tid]
             t.sac += 1
@@ -248,6 +309,7 @@ class QueueMachine(RuleBasedStateMachine):
                 t.state, t.token = "failed", None
             else:
                 self.model.enqueue(tid)
+        self.ended(ended)
         assert report.stalled_failed == sum(1 for tid in swept if self.model.tasks[tid].state == "failed")
 
     @rule(tid=IDS)
@@ -256,7 +318,9 @@ class QueueMachine(RuleBasedStateMachine):
         t = self.model.tasks.get(tid)
         assert was == (t.state if t else None)
         if t and t.state in ("waiting", "active"):
-            t.state, t.token = "canceled", None
+            ended = self.ending(t)
+            t.state, t.token, t.parked = "canceled", None, False
+            self.ended(ended)
 
     @rule(tid=IDS)
     def retry(self, tid):
@@ -267,14 +331,60 @@ class QueueMachine(RuleBasedStateMachine):
             t.hfc = t.sac = 0
             self.model.enqueue(tid)
 
+    def ending(self, t: ModelTask) -> list[ModelTask]:
+        """The task, when its attempt counts against its group (it ends now)."""
+        return [t] if t.state == "active" and t.counted else []
+
+    def ended(self, tasks: list[ModelTask]) -> None:
+        """Counted attempts of these tasks ended in one call: their groups hand back."""
+        for t in tasks:
+            t.counted = False
+        self.model.freed([t.group for t in tasks])
+        self.model.forget_idle_clocks()
+
+    @rule(group=st.sampled_from(["a", "b"]), cap=st.sampled_from([-1, 0, 1, 2]))
+    def cap_group(self, group, cap):
+        stats = self.run(self.q.configure_group(group, max_active=cap))
+        model = self.model
+        model.counting = model.counting or cap > 0
+        if cap < 0:
+            model.caps.pop(group, None)
+        else:
+            model.caps[group] = cap
+        model.hand_back(group, model.room(group))
+        assert (stats.active, stats.parked) == (model.running(group), len(model.parked_in(group)))
+
+    @rule(cap=st.sampled_from([0, 1]))
+    def default_cap(self, cap):
+        self.run(self.q.configure(group_max_active=cap))
+        model = self.model
+        model.counting = model.counting or cap > 0
+        model.default_cap = cap
+        for group in ("a", "b"):
+            model.hand_back(group, model.room(group))
+
+    @rule(group=st.sampled_from(["a", "b"]), pause=st.booleans())
+    def pause_group(self, group, pause):
+        stats = self.run(self.q.pause_group(group) if pause else self.q.resume_group(group))
+        model = self.model
+        if pause:
+            model.counting = True
+            model.paused.add(group)
+        else:
+            model.paused.discard(group)
+            model.hand_back(group, model.room(group))
+        assert stats.paused == pause
+
     @invariant()
     def redis_matches_model(self):
         if not hasattr(self, "model"):
             return
         base = self.q.keys
+        in_backlog = {m.split("\0", 1)[1][16:] for m in self.raw.zrange(base.key("backlog"), 0, -1)}
         for tid, t in self.model.tasks.items():
             memberships = [idx for idx in INDEXES if self.raw.zscore(base.key(idx), tid) is not None]
-            assert memberships == [t.state], (tid, memberships, t.state)  # exactly one index
+            memberships += ["parked"] if tid in in_backlog else []
+            assert memberships == ["parked" if t.parked else t.state], (tid, memberships, t.state)  # one index
             h = self.raw.hgetall(base.task(tid))
             assert h["state"] == t.state
             assert bool(h.get("token")) == (t.state == "active")  # a token iff active
@@ -288,6 +398,8 @@ class QueueMachine(RuleBasedStateMachine):
                                                            tid))
         counts = {g: int(n) for g, n in self.raw.zrange(base.key("groups"), 0, -1, withscores=True)}
         assert counts == {g: n for g in ("a", "b") if (n := self.model.waiting_count(g))}
+        running = {f[2:]: int(n) for f, n in self.raw.hgetall(base.key("group_ctl")).items() if f.startswith("a:")}
+        assert running == {g: n for g in ("a", "b") if (n := self.model.running(g))}
 
 
 def test_protocol_against_reference_model(redis_url):

@@ -98,6 +98,21 @@ async def test_a_cluster_client_and_a_cluster_url_run_every_queue_operation(redi
         await given.aclose()
 
 
+async def test_group_caps_and_their_keys_work_on_a_cluster(redis_cluster):
+    """The group keys are the queue's (its hash tag): parking, the hand-back and the
+    refusal of a call without them (then sent again with them) on a cluster."""
+    async with effectmq.TaskQueue("cluster/caps", lock_timeout=5, url=redis_cluster.url()) as q, \
+            effectmq.TaskQueue("cluster/caps", lock_timeout=5, url=redis_cluster.url()) as other:
+        await q.configure_group("a", max_active=1)
+        await other.offer_many([("work", {}, {"group": "a", "task_id": f"a{i}"}) for i in range(3)])
+        leases, _ = await other.acquire_many(3)  # refused without the group keys, then sent with them
+        assert [lease.task_id for lease in leases] == ["a0"] and other._scripts.group_keys
+        assert (await q.stats()).parked == 2
+        await leases[0].complete()
+        stats = await q.group_stats("a")
+        assert (stats.active, stats.waiting, stats.parked) == (0, 1, 1)
+
+
 async def test_a_node_url_on_a_cluster_is_a_retryable_error_naming_the_cluster_url(redis_cluster, tmp_path):
     """Was: through one node, the queues of other masters failed with MOVED (RedisRefused:
     `effectmq worker` exited 1, a crash loop). A MOVED never reaches the user raw: a

@@ -22,7 +22,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import effectmq
-from effectmq.protocol import scripts
+from effectmq.protocol import protocol, scripts
 from effectmq.errors import TaskError
 from effectmq.scheduler import store as schedule_store
 from effectmq.scheduler.model import ScheduleSpec
@@ -347,6 +347,126 @@ async def maintain_grouped(q):
     return act
 
 
+async def _capped(q, n=4, **options):
+    """Group a capped at 1 with its first task leased and the next parked; b beside it."""
+    await q.configure_group("a", max_active=1)
+    await q.offer_many([("t", i, {"task_id": f"a{i}", "group": "a", **options}) for i in range(n)] +
+                       [("t", "b", {"task_id": "b0", "group": "b"})])
+    first, _ = await q.acquire_many(1)
+    await q.acquire_many(2)  # b0 leased, a1 parked
+    return first[0]
+
+
+async def acquire_parking(q):
+    """A completion sent along frees a's slot (a1 handed back at the end of the call) while
+    the picks of c, at its cap, are parked."""
+    lease = await _capped(q, 2)
+    await q.configure_group("c", max_active=1)
+    await q.offer_many([("t", i, {"task_id": f"c{i}", "group": "c"}) for i in range(3)])
+    await q.acquire_many(1)  # c0; names c1 and c2
+    reset = _remembering(q.engine)
+
+    async def act():
+        reset()
+        outcomes, leases = await q.engine.complete_and_acquire([(lease, "null")], 2)
+        parked = await q.redis.zcard(q.keys.key("backlog"))
+        return [int(o) for o in outcomes], sorted(x.task_id for x in leases), parked
+    return act
+
+
+async def complete_capped(q):
+    lease = await _capped(q)
+
+    async def act():
+        return [int(o) for o in await q.engine.complete_many([(lease, "null")])]
+    return act
+
+
+async def fail_capped(q):
+    lease = await _capped(q)
+
+    async def act():
+        return int(await q.engine.fail(lease, TaskError("boom"), retryable=True, retry=lambda n: 0.0, declared=()))
+    return act
+
+
+async def release_capped(q):
+    lease = await _capped(q)
+
+    async def act():
+        return int(await q.engine.release(lease, 30))
+    return act
+
+
+async def cancel_parked(q):
+    await _capped(q)
+
+    async def act():
+        return await q.cancel("a1")
+    return act
+
+
+async def cancel_active_capped(q):
+    lease = await _capped(q)
+
+    async def act():
+        return await q.cancel(lease.task_id)
+    return act
+
+
+async def maintain_capped(q):
+    await q.configure_group("a", max_active=1)
+    await q.offer_many([("t", i, {"task_id": f"a{i}", "group": "a"}) for i in range(3)])
+    await q.acquire_many(3, lock_timeout=0.03)  # a0 leased, the others parked
+    await asyncio.sleep(0.1)
+
+    async def act():
+        return dataclasses.astuple(await q.maintain(batch=50))
+    return act
+
+
+async def reclaim_capped(q):
+    lease = await _capped(q)
+    prefix = lease.token.rsplit(":", 1)[0]
+
+    async def act():
+        return (await q._scripts.run(protocol.ReclaimArgs(prefix, ["a0", "a1"]))).reclaimed
+    return act
+
+
+async def resume_group(q):
+    await q.pause_group("a")
+    await q.offer_many([("t", i, {"task_id": f"a{i}", "group": "a"}) for i in range(5)])
+    await q.acquire_many(5)  # all parked
+
+    async def act():
+        return (await q._scripts.run(protocol.ConfigureGroupArgs("a", "3", "0", batch=2))).more
+    return act
+
+
+async def pause_group(q):
+    async def act():
+        return (await q.pause_group("a")).paused
+    return act
+
+
+async def default_cap_raised(q):
+    await q.configure(group_max_active=1)
+    await q.offer_many([("t", i, {"task_id": f"{g}{i}", "group": g}) for g in "ab" for i in range(3)])
+    await q.acquire_many(6)  # one of each leased, the others parked
+    await q.redis.hset(q.keys.key("meta"), "group_max_active", "2")
+
+    async def act():
+        return (await q._scripts.run(protocol.ConfigureGroupArgs(""))).more
+    return act
+
+
+async def configure_group_default(q):
+    async def act():
+        await q.configure(group_max_active=2)
+    return act
+
+
 async def configure_settings(q):
     async def act():
         await q.configure(max_active=3, paused=True, retention_completed=60)
@@ -445,6 +565,18 @@ SCENARIOS = [
     Scenario("release", "grouped", release_grouped, {"lock_timeout": 60}),
     Scenario("retry", "grouped", retry_grouped, {"lock_timeout": 60}),
     Scenario("maintain", "grouped", maintain_grouped),
+    Scenario("acquire", "parking", acquire_parking, {"lock_timeout": 60}),
+    Scenario("complete", "capped", complete_capped, {"lock_timeout": 60}),
+    Scenario("fail", "capped", fail_capped, {"lock_timeout": 60}),
+    Scenario("release", "capped", release_capped, {"lock_timeout": 60}),
+    Scenario("cancel", "parked", cancel_parked, {"lock_timeout": 60}),
+    Scenario("cancel", "active-capped", cancel_active_capped, {"lock_timeout": 60}),
+    Scenario("maintain", "capped", maintain_capped),
+    Scenario("reclaim", "capped", reclaim_capped, {"lock_timeout": 60}),
+    Scenario("configure_group", "resume", resume_group, {"lock_timeout": 60}),
+    Scenario("configure_group", "pause", pause_group),
+    Scenario("configure_group", "default-raised", default_cap_raised, {"lock_timeout": 60}),
+    Scenario("configure", "group-default", configure_group_default),
 ]
 
 

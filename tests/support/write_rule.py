@@ -148,18 +148,34 @@ async def queue_invariants(client, base: bytes) -> dict[str, tuple]:
     """Check what every step of the model-based test checks, from Redis alone, and return a
     summary per task (state, attempt, failures, stalls) to compare runs by.
 
-    Every task record is in exactly the index of its state; every index entry has a
-    record; a token iff active; counters are integers >= 0; the history is JSON whose
-    stored entry sizes add up."""
+    Every task record is in exactly the index of its state (a waiting task may be parked
+    instead: lua/includes/group_caps.lua); every index entry has a record; a token iff
+    active; counters are integers >= 0; the history is JSON whose stored entry sizes add
+    up; each group's count of waiting tasks, and of attempts running once counting began,
+    is what the tasks say."""
     indexes = {s: set(await client.zrange(base + s.encode(), 0, -1)) for s in STATES}
+    parked = {m.split(b"\0", 1)[1][16:]: m.split(b"\0", 1)[0] for m in await client.zrange(base + b"backlog", 0, -1)}
+    counting_from = await client.hget(base + b"meta", "group_caps")
+    waiting_in: dict[bytes, int] = {}
+    active_in: dict[bytes, int] = {}
     summary: dict[str, tuple] = {}
     prefix = base + b"t:"
     async for key in client.scan_iter(match=prefix.replace(b"[", b"\\[") + b"*", count=1000):
         tid = key[len(prefix):]
         h = await client.hgetall(key)
         state = h.get(b"state", b"").decode()
-        member_of = [s for s in STATES if tid in indexes[s]]
-        assert member_of == [state], f"task {tid!r} state {state!r} but in indexes {member_of}"
+        member_of = [s for s in STATES if tid in indexes[s]] + (["parked"] if tid in parked else [])
+        if member_of == ["parked"] and state == "waiting":
+            assert parked[tid] == h.get(b"group"), f"task {tid!r} parked under {parked[tid]!r}"
+        else:
+            assert member_of == [state], f"task {tid!r} state {state!r} but in indexes {member_of}"
+        group = h.get(b"group")
+        if group and tid in indexes["waiting"]:
+            waiting_in[group] = waiting_in.get(group, 0) + 1
+        token = h.get(b"token") or b""
+        if group and state == "active" and counting_from is not None and int(token.rsplit(b":", 1)[1]) > int(
+                counting_from):
+            active_in[group] = active_in.get(group, 0) + 1
         assert bool(h.get(b"token")) == (state == "active"), f"task {tid!r} {state} token {h.get(b'token')!r}"
         counters = tuple(int(h.get(f, b"0")) for f in (b"attempt", b"handler_failure_count", b"stalled_attempt_count"))
         assert min(counters) >= 0, (tid, counters)
@@ -173,4 +189,10 @@ async def queue_invariants(client, base: bytes) -> dict[str, tuple]:
     for s in STATES:
         orphans = {t.decode() for t in indexes[s]} - summary.keys()
         assert not orphans, f"{s} index names tasks with no record: {sorted(orphans)[:5]}"
+    orphans = {t.decode() for t in parked} - summary.keys()
+    assert not orphans, f"backlog names tasks with no record: {sorted(orphans)[:5]}"
+    counted = {g: int(n) for g, n in await client.zrange(base + b"groups", 0, -1, withscores=True)}
+    assert counted == waiting_in, f"waiting per group: counted {counted}, in the index {waiting_in}"
+    running = {f[2:]: int(n) for f, n in (await client.hgetall(base + b"group_ctl")).items() if f.startswith(b"a:")}
+    assert running == active_in, f"attempts running per group: counted {running}, active {active_in}"
     return summary

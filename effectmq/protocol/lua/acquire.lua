@@ -5,7 +5,8 @@ KEYS: the queue keys of keys.lua, then candidates: the task hashes of ids an ear
   named (ready or due), or a wake message, or the caller's own offers; a call with none
   only names them. Before the candidates: the task hash of each completion's id, in order;
   after them: the receipt key of `receipt` and of each id in `resent` (use_receipts).
-Last KEYS: starts
+Last KEYS: starts, group_ctl, backlog
+  (group_ctl and backlog only once the caller knows the queue counts its groups: group_caps.lua)
 ARGV[1] count            how many tasks the caller can run now
 ARGV[2] lock_timeout_ms  lease length (the queue's meta lock_timeout_ms wins when set)
 ARGV[3] token_prefix     random per-process prefix; the token is prefix..":"..seq
@@ -24,7 +25,8 @@ ARGV[11...] completions...: 3 values each: id, token, result
 Candidates that are due delayed tasks are promoted first, and may be leased at once.
 Leases follow head order (priority, then FIFO): the first `count` candidates still
 waiting, so a caller that declares more than it needs still gets its count when
-other workers took some of them.
+other workers took some of them. A candidate whose group is paused or at its cap is
+parked instead (group_caps.lua), and the next one is looked at.
 Returns: {now, deadline, next_due, status, ready, due, outcomes, leases...}
   next_due: -1 = no delayed task; when rate_limited: the Redis time the next start is allowed
   status: "ok" | "paused" | "limited" (max_active reached) | "rate_limited" (the rate limit
@@ -48,11 +50,16 @@ leases...: 11 values each: id, token, attempt, name, payload, handler_failure_co
 --- @include "leases"
 --- @include "rate"
 --- @include "names"
+--- @include "group_caps"
 local MAX_PROMOTE_BATCH = 1000  -- the client's bound too (protocol.MAX_PROMOTE_BATCH)
+local group_keys = group_key_count()
+if not group_keys then return group_keys_refused() end
 local now = now_ms()
 local retention = meta_num('retention_completed_ms', ARGV[7])
-local K_STARTS = declared_last({'starts'}).starts
-local receipts = use_receipts(ARGV[8], ARGV[9], 1)
+local last_keys = group_keys > 0 and declared_last({'starts', 'group_ctl', 'backlog'}) or declared_last({'starts'})
+local K_STARTS = last_keys.starts
+local caps = use_caps(last_keys)  -- nil: no group has a cap or a pause
+local receipts = use_receipts(ARGV[8], ARGV[9], 1 + group_keys)
 local outcomes, completed = complete_each(11, retention)
 local count = tonumber(ARGV[1]) or 0
 local window = tonumber(ARGV[5])
@@ -60,7 +67,7 @@ local lock_timeout = meta_num('lock_timeout_ms', ARGV[2])
 local deadline = now + lock_timeout
 local out = {now, deadline, 0, 'ok'}
 out[5], out[6], out[7] = {}, {}, outcomes
-local candidates, key_of = declared_ids((#ARGV - 10) / 3, receipts + 1)
+local candidates, key_of = declared_ids((#ARGV - 10) / 3, receipts + 1 + group_keys)
 -- Each waiting candidate's score (a due one promoted first: its new score). In slices:
 -- unpack() of more than about 8,000 values fails, and the caller decides how many come.
 local scores = {}
@@ -166,14 +173,41 @@ else
   local score_of = {}
   for i, id in ipairs(picks) do score_of[id] = pick_scores[i] end
   table.sort(picks, function(a, b) return score_of[a] < score_of[b] end)
+  for i, id in ipairs(picks) do pick_scores[i] = score_of[id] end  -- the scores in the same order
 end
 local taking = math.min(count, #picks)  -- the first picks
+local passed = taking  -- the first picks that leave waiting: those leased, then those parked
+if caps and taking > 0 then
+  -- The picks whose group may start one more, up to `count`; those of a group paused or at
+  -- its cap are parked (group_caps.lua). Order: leased, parked, then those not looked at.
+  local leasing, parked, rest = {}, {}, #picks + 1
+  for i = 1, #picks do
+    if #leasing >= count then
+      rest = i
+      break
+    end
+    local group = redis.call('HGET', key_of[picks[i]], 'group')
+    if group and group ~= '' and not may_start(caps, group) then
+      park(caps, picks[i], key_of[picks[i]], group, pick_scores[i])
+      parked[#parked + 1] = i
+    else
+      leasing[#leasing + 1] = i
+    end
+  end
+  taking, passed = #leasing, #leasing + #parked
+  local order = leasing  -- extended in place
+  for _, i in ipairs(parked) do order[#order + 1] = i end
+  for i = rest, #picks do order[#order + 1] = i end
+  local ids, order_scores = {}, {}
+  for n, i in ipairs(order) do ids[n], order_scores[n] = picks[i], pick_scores[i] end
+  picks, pick_scores = ids, order_scores
+end
 local leased = {}  -- deadline, id pairs for the active index
 local starts = {}  -- start time, sequence number pairs for the log of starts (rate limited only)
 local deadline_text = int_text(deadline)  -- formatted once, as now_text()
 local first_lease = #out + 1  -- where the leases start in the reply
+if passed > 0 then zrem_all(K_WAITING, picks, 1, passed) end
 if taking > 0 then
-  zrem_all(K_WAITING, picks, 1, taking)
   local seq = take_seq(taking) - 1  -- one sequence number per lease token
   local n = #out
   local NO_OPTIONS = {false, false, false, false}
@@ -217,14 +251,14 @@ end
 -- this one: from the head it would be named the ids another caller holds, and take them.
 local peek = tonumber(ARGV[6])
 local named, listed = out[5], {}
-for i = count + 1, math.min(#picks, count + peek) do
+for i = passed + 1, math.min(#picks, passed + peek) do
   named[#named + 1] = picks[i]
   listed[picks[i]] = true
 end
 -- The mark is before some of these (groups.lua moved it back before tasks that entered
 -- waiting ahead of named ids): they are named in score order with the ids after the mark.
-if last_score and #named > 0 and pick_scores[count + #named] > last_score then
-  out[5] = name_after_mark(named, pick_scores, count, taking, picks, last_text, peek, ARGV[3])
+if last_score and #named > 0 and pick_scores[passed + #named] > last_score then
+  out[5] = name_after_mark(named, pick_scores, passed, passed, picks, last_text, peek, ARGV[3])
 elseif #named < peek then
   -- After the last named ids while all the ids named would still be within the window
   -- (the next call could not lease those past it), else from the head.
@@ -233,24 +267,24 @@ elseif #named < peek then
   local from, after = '-inf', nil  -- after: the score the range starts after
   if last_score and band and last_score < band then
     local before = redis.call('ZCOUNT', K_WAITING, '-inf', last_text)
-    for i = 1, taking do
+    for i = 1, passed do
       if pick_scores[i] <= last_score then before = before - 1 end
     end
     if before + peek - #named <= window then from, after = '(' .. last_text, last_score end
   end
-  local skip, taken = 0, nil  -- ids leased here that the range holds: it asks for as many more
-  for i = 1, taking do
+  local skip, taken = 0, nil  -- ids leased (or parked) here that the range holds: it asks for as many more
+  for i = 1, passed do
     if after == nil or pick_scores[i] > after then skip = skip + 1 end
   end
   if skip > 0 then  -- the ids leased here, to read past
     taken = {}
-    for i = 1, taking do taken[picks[i]] = true end
+    for i = 1, passed do taken[picks[i]] = true end
   end
   local fresh = redis.call('ZRANGE', K_WAITING, from, '+inf', 'BYSCORE', 'LIMIT', '0', int_text(peek - #named + skip))
   if #fresh == 0 and from ~= '-inf' then
-    fresh = redis.call('ZRANGE', K_WAITING, '-inf', '+inf', 'BYSCORE', 'LIMIT', '0', int_text(peek - #named + taking))
+    fresh = redis.call('ZRANGE', K_WAITING, '-inf', '+inf', 'BYSCORE', 'LIMIT', '0', int_text(peek - #named + passed))
     taken = {}
-    for i = 1, taking do taken[picks[i]] = true end
+    for i = 1, passed do taken[picks[i]] = true end
   end
   for i = 1, #fresh do
     if not listed[fresh[i]] and not (taken and taken[fresh[i]]) and #named < peek then named[#named + 1] = fresh[i] end

@@ -6,6 +6,8 @@ ARGV[2] receipt       this call's receipt id ('' = none), unique per call
 ARGV[3] resent        space-separated receipt ids of earlier calls that carried any of these
 ARGV[4...] completions...: 3 values each: id, token, result
   result: JSON
+Last KEYS: group_ctl, backlog
+  (only once the caller knows the queue counts its groups: group_caps.lua group_key_count)
 Returns: {outcomes...}  one per completion (protocol.Outcome): 1 = completed (now, or by
   this token before: a resent acknowledgement), 2/3/4 = this token settled otherwise
   before (retry, failed, released), 0 = lease lost (nothing changed).
@@ -14,7 +16,11 @@ Returns: {outcomes...}  one per completion (protocol.Outcome): 1 = completed (no
 --- @include "receipts"
 --- @include "settle"
 --- @include "leases"
+--- @include "group_caps"
+local group_keys = group_key_count()
+if not group_keys then return group_keys_refused() end
 local retention = meta_num('retention_completed_ms', ARGV[1])
-use_receipts(ARGV[2], ARGV[3])
+use_receipts(ARGV[2], ARGV[3], group_keys)
+if caps_from() then use_caps(declared_last({'group_ctl', 'backlog'})) end  -- ended attempts free their group's slots
 local outcomes = complete_each(4, retention)
 return finish(outcomes)

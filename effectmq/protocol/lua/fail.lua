@@ -9,6 +9,8 @@ ARGV[4] retry_delay_ms  delay before the next attempt; -1 = this failure is not 
 ARGV[5] max_retries     the default (task option, then meta max_retries, then this)
 ARGV[6] retention_ms    for failed records (meta retention_failed_ms wins; -1 = keep)
 ARGV[7] receipts        space-separated: the calls that carried a completion by this token
+Last KEYS: group_ctl, backlog
+  (only once the caller knows the queue counts its groups: group_caps.lua group_key_count)
 Returns: {outcome, handler_failure_count, retry_at}
   outcome (protocol.Outcome): 2 = retry scheduled, 3 = failed for good, 0 = lease lost;
   a token that settled before (a resent acknowledgement) gets its outcome again, with
@@ -26,14 +28,21 @@ Returns: {outcome, handler_failure_count, retry_at}
 --- @include "outcomes"
 --- @include "settle"
 --- @include "leases"
+--- @include "group_caps"
+local group_keys = group_key_count()
+if not group_keys then return group_keys_refused() end
 local id, token = ARGV[1], ARGV[2]
 local now = now_ms()
 local key, lease = owned(id, token, now)
 if not key then
-  use_receipts('', ARGV[7])
+  use_receipts('', ARGV[7], group_keys)
   return {outcome_of(id, token), -1, -1}
 end
 write('ZREM', K_ACTIVE, id)  -- the first write frees (FIRST_WRITE_FREES)
+if caps_from() then  -- its group's slot frees (group_caps.lua)
+  use_caps(declared_last({'group_ctl', 'backlog'}))
+  slot_freed(key, lease[1], token)
+end
 local failures = (tonumber(redis.call('HGET', key, 'handler_failure_count')) or 0) + 1
 local max_retries = task_option(key, 'max_retries', 'max_retries', ARGV[5])
 local delay = tonumber(ARGV[4]) or -1

@@ -13,7 +13,8 @@ ARGV[5] retried_stall      JSON, tag ~effectmq/Error/Stalled: a stall's entry in
 ARGV[6] lock_timeout_ms    the lease length a stall's heartbeat age assumes (meta lock_timeout_ms wins)
 ARGV[7] poison_kept        the poison set keeps at most this many ids
 ARGV[8] poison_kills       stalls that killed the pod after which a task is poison
-Last KEYS: pods, endings, stall_minutes, poison
+Last KEYS: pods, endings, stall_minutes, poison, group_ctl, backlog
+  (group_ctl and backlog only once the caller knows the queue counts its groups: group_caps.lua)
 A candidate that is due: an expired lease is a stall (counted; the task goes back to
 waiting or fails), a delayed task is promoted, a terminal record past its retention is
 forgotten (and leaves the poison set), a poison id without a record leaves it; any other
@@ -47,16 +48,21 @@ stalls...: 8 values each: id, attempt, stalled_attempt_count, failed, trace, cau
 --- @include "settle"
 --- @include "counts"
 --- @include "forensics"
+--- @include "group_caps"
+local group_keys = group_key_count()
+if not group_keys then return group_keys_refused() end
 local poison_kills = tonumber(ARGV[8]) or math.huge
 local now = now_ms()
-local forensic_parts = {'pods', 'endings', 'stall_minutes', 'poison'}
-local forensic = declared_last(forensic_parts)
+local last_parts = {'pods', 'endings', 'stall_minutes', 'poison', 'group_ctl', 'backlog'}
+if group_keys == 0 then last_parts[6], last_parts[5] = nil, nil end
+local forensic = declared_last(last_parts)  -- and the group keys (group_caps.lua)
+use_caps(forensic)
 local batch = tonumber(ARGV[1])
 local more = 0
 local recovered, dead, promoted, forgotten = 0, 0, 0, 0
 local stalls = {}  -- the reply's stall records (after its counts)
 local ready = {}  -- ids the wake message names
-local candidates = declared_ids(0, #forensic_parts)  -- the forensic keys come last
+local candidates = declared_ids(0, #last_parts)  -- the forensic and group keys come last
 local stalled_error = stored_error(ARGV[3], 'stall')
 local retried_stall = stored_error(ARGV[5], 'stall')
 
@@ -89,7 +95,9 @@ for _, id in ipairs(candidates) do
     write('ZREM', K_ACTIVE, id)
     call.touched[id] = true
     if redis.call('EXISTS', key) == 1 then
-      local f = redis.call('HMGET', key, 'stalled_attempt_count', 'attempt', 'trace', 'token', 'lock_until', 'pod_kills')
+      local f = redis.call('HMGET', key, 'stalled_attempt_count', 'attempt', 'trace', 'token', 'lock_until', 'pod_kills',
+        'group')
+      slot_freed(key, nil, f[4], f[7] or '')  -- its group's slot (group_caps.lua)
       local count = (tonumber(f[1]) or 0) + 1
       local limit = task_option(key, 'max_stalled_count', 'max_stalled_count', ARGV[2])
       local cause, kind, pod, node = stall_cause(forensic, f[4], f[5], meta_num('lock_timeout_ms', ARGV[6]), now)

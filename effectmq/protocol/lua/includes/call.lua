@@ -7,6 +7,7 @@
 -- it changed that its later reads of Redis would not show (settled: token -> outcome;
 -- touched: ids it settled; promoted: delayed tasks it moved to waiting), and the
 -- receipts it reads and writes (receipt, receipt_keys, receipt_values, resend_was and
--- resend_text: the last resend deadline, anybody_waits). One line: the function
+-- resend_text: the last resend deadline, anybody_waits); groups and caps: the group
+-- changes it gathered (groups.lua, group_caps.lua). One line: the function
 -- library assigns it again at the start of every call (scripts.library).
 local call = {writes = {}, hints = {}, seq_used = 0, settled = {}, touched = {}, promoted = 0, counts = {}, adds = {}, add_order = {}, receipt_keys = {}}

@@ -98,6 +98,13 @@ end
 local function group_left(group)
   group_counted(group, -1)
 end
+-- A parked task of `group` back in waiting at its old `score` (group_caps.lua): counted, and
+-- the mark moves back before it, as before any task that enters ahead of the ids named.
+local function group_returned(group, score)
+  group_counted(group, 1)
+  local g = call.groups
+  if g.lowest == nil or score < g.lowest then g.lowest = score end
+end
 
 -- Does any grouped task wait (or enter waiting in this call)? A queue that never had one
 -- (meta `grouped`, set by its first grouped task) does not look: its scripts read the meta

@@ -35,8 +35,9 @@ Every script receives the same queue-level KEYS first (all share the queue's has
 After them (KEYS[19...]) come the task hashes the call touches, then the receipts it
 writes or reads (base.."r:"..receipt, see use_receipts), then the queue keys that only a
 few scripts touch (pods, endings, stall_minutes, poison: see forensics.lua; starts: the log
-of a rate limit's starts, see acquire.lua; declared_last below; a header names them in its
-"Last KEYS" line), and a script touches no other task hash: every key is declared before the call, as Redis Cluster and proxies that
+of a rate limit's starts, see acquire.lua; group_ctl, backlog: a group's cap, pause and
+parked tasks, see group_caps.lua; declared_last below; a header names them in its "Last
+KEYS" line), and a script touches no other task hash: every key is declared before the call, as Redis Cluster and proxies that
 route on KEYS require. task_key(id) gives only a declared key and raises
 "ERR undeclared task key" otherwise, so a script cannot break the rule unnoticed. The
 caller knows the ids first: they are its arguments (offer, settle, cancel, ...), or ids an

@@ -37,6 +37,7 @@ local function complete_each(first, retention)
       done[#done + 1] = id
       if #done == 1 then write('ZREM', K_ACTIVE, id) end  -- the first write frees (FIRST_WRITE_FREES)
       emit('completed', id)
+      if call.caps then call.caps.freed(key, st[1], token) end  -- its group's slot (group_caps.lua)
       local kept = nil  -- the fields of a record that is kept (built only then)
       if retention ~= 0 then
         kept = {'result', ARGV[i + 2], 'last_token', token, 'last_outcome', OUTCOME_COMPLETED}

@@ -45,6 +45,7 @@ end
 -- commit_writes() and send_hints() are its two halves, for a script that writes more of
 -- its own between them (acquire's leases).
 local function commit_writes()
+  if call.caps then call.caps.flush() end  -- its reads first (group_caps.lua), then the groups' it changed
   if call.groups then call.groups.flush() end  -- its reads first (groups.lua)
   for i = 1, #call.writes do redis.call(unpack(call.writes[i])) end
   if call.seq_used > 0 then
