@@ -10,11 +10,14 @@ A history is a JSON-able dict:
   faults: [{"kind", "target": a pod name, "*" (every pod) or "operator", "start", "end"}]
   replicas: [[t, the worker Deployment's spec.replicas, its status.replicas]]
   ready_after: {"ready": bool, "waited": seconds, "conditions": [...]}
-  leases: [[t, the operator Lease's holderIdentity ("<pod>-<pid>")]]   sampled each second
+  leases: [[t, the operator Lease's holderIdentity ("<pod>-<pid>"), its renewTime]]   sampled each second
   leadership: [{"identity", "start", "end" (None: still leading when its log was read)}]
               each operator replica's terms, from its own log lines
   operator_events: [{"instance": reportingInstance (the pod), "first", "last" (RFC 3339), ...}]
 (the last three only from runs with the control plane's faults; absent, their checks find nothing)
+  operator_restarts: [{"pod", "container", "restarts": its restartCount, "died": lastState's
+                       finishedAt (RFC 3339) or None, "since", "seen": the samples around it}]
+                     each time an operator container's restartCount was seen going up
 Each check returns a list of problems (strings); :func:`check` runs them all.
 
 A failover run (bench/chaos_failover.py) adds rollback_kinds: the fault kinds that can lose
@@ -44,7 +47,12 @@ AFTER = 2.0
 TICK_RECOVERY = 20.0
 # Faults that stop the operator's scheduler (its pod, its Redis, the node under it).
 SCHEDULER_STOPPERS = ("operator_delete", "redis_delete", "net_cut", "kubelet_restart", "containerd_restart",
-                      "apiserver_stop", "leader_cut")
+                      "apiserver_stop", "leader_cut", "redis_primary_kill")
+# Faults that may restart an operator container: the node's agents restarted under it. Not
+# the API server stopped nor the leader cut from it (the liveness probe passes while Lease
+# calls fail or time out), and operator_delete replaces the pod (a new one, no restart).
+RESTART_CAUSES = ("kubelet_restart", "containerd_restart")
+RESTART_SLACK = 30.0  # seconds around such a fault's window in which a restart counts as its doing
 # Faults that touch no worker pod: they explain no handler's extra run.
 CONTROL_PLANE_TARGETS = ("operator", "apiserver")
 # Seconds of slack between an operator Event's time stamp (whole seconds) and the Lease samples.
@@ -67,7 +75,7 @@ CHECKS = ("accepted tasks lost", "stale acknowledgements accepted", "tasks not i
           "attempts run twice", "extra runs not explained by a fault", "ticks missed beyond the policy",
           "ticks run twice as different tasks", "replicas above maxReplicas", "queue not Ready after the faults",
           "two operator leaders at once", "operator Events not from the Lease's holder",
-          "leader cuts not taken over")
+          "leader cuts not taken over", "operator restarts not explained by a fault")
 
 
 def _rolled_back(rollbacks: list[dict], lo: float, hi: float) -> bool:
@@ -196,7 +204,7 @@ def events_off_leader(history: dict) -> list[str]:
             t = _iso(stamp)
             if t is None or not event.get("instance"):
                 continue
-            near = [holder for at, holder in samples if t - EVENT_SLACK <= at <= t + 1 + EVENT_SLACK]
+            near = [holder for at, holder, *_ in samples if t - EVENT_SLACK <= at <= t + 1 + EVENT_SLACK]
             if near and not any((holder or "").startswith(event["instance"] + "-") for holder in near):
                 found.append(f"{event['reason']} on {event.get('object')} by {event['instance']} at {stamp}; "
                              f"the Lease was {sorted(set(map(str, near)))}")
@@ -210,11 +218,27 @@ def cuts_not_taken_over(history: dict) -> list[str]:
     for fault in history["faults"]:
         if fault["kind"] != "leader_cut":
             continue
-        before = [h for at, h in samples if at <= fault["start"]]
-        during = {h for at, h in samples if fault["start"] <= at <= fault["end"]}
+        before = [h for at, h, *_ in samples if at <= fault["start"]]
+        during = {h for at, h, *_ in samples if fault["start"] <= at <= fault["end"]}
         if not before or not during - {before[-1], None}:
             found.append(f"cut at {fault['start']:.1f}-{fault['end']:.1f} ({fault.get('note')}): "
                          f"the Lease stayed with {before[-1] if before else 'unknown'}")
+    return found
+
+
+def unexplained_restarts(history: dict) -> list[str]:
+    """Operator container restarts outside every node fault's window (with RESTART_SLACK):
+    the instant its last run ended, else the interval between the samples around it."""
+    causes = [f for f in history["faults"] if f["kind"] in RESTART_CAUSES]
+    found = []
+    for restart in history.get("operator_restarts") or []:
+        died = _iso(restart.get("died"))
+        lo, hi = (died, died) if died is not None else (restart["since"], restart["seen"])
+        if not any(f["start"] - RESTART_SLACK <= hi and f["end"] + RESTART_SLACK >= lo for f in causes):
+            during = sorted({f["kind"] for f in history["faults"] if f["start"] <= hi and f["end"] >= lo})
+            found.append(f"{restart['pod']}/{restart['container']} restart {restart['restarts']} "
+                         f"({restart.get('reason')}, exit {restart.get('exit_code')}) ended "
+                         f"{restart.get('died') or f'between {lo:.1f} and {hi:.1f}'}; faults then: {during or 'none'}")
     return found
 
 
@@ -298,6 +322,7 @@ def check(history: dict) -> dict[str, list[str]]:
     problems["two operator leaders at once"] += overlapping_leaders(history)
     problems["operator Events not from the Lease's holder"] += events_off_leader(history)
     problems["leader cuts not taken over"] += cuts_not_taken_over(history)
+    problems["operator restarts not explained by a fault"] += unexplained_restarts(history)
     ready = history.get("ready_after") or {}
     if not ready.get("ready"):
         problems["queue not Ready after the faults"].append(f"after {ready.get('waited')}s: {ready.get('conditions')}")
@@ -323,6 +348,9 @@ def summary(history: dict, problems: dict[str, list[str]]) -> dict[str, Any]:
         "superseded attempts explained by": dict(sorted(explained_by.items())),
         "faults": dict(sorted(faults.items())),
         "peak replicas": max((max(s or 0, o or 0) for _, s, o in history["replicas"]), default=0),
+        **({"masters": " -> ".join(str(pod or ip) for _, ip, pod in history["masters"])}
+           if history.get("masters") else {}),
+        **({"operator restarts": len(history["operator_restarts"])} if "operator_restarts" in history else {}),
         **({"offers lost by asynchronous replication (by design)": len(lost_by_replication(history))}
            if history.get("rollback_kinds") is not None else {}),
         "checks": {name: len(found) for name, found in problems.items()},

@@ -6,7 +6,8 @@ kubelet and containerd restarted, the node's pods cut from Redis (iptables in th
 namespace) and healed, the Redis pod deleted. Then the checks of bench/_chaos_checks.py
 run on the recorded history; a JSON and a text report are written.
 
-    python bench/chaos_cluster.py --seed 7 --minutes 10 [--out DIR] [--plant drop-done] [--faults KINDS]
+    python bench/chaos_cluster.py --seed 7 --minutes 10 [--redis sentinel] [--out DIR] [--plant drop-done]
+                                  [--faults KINDS]
 
 brings a cluster up (tooling/testbed/cluster.py; needs root, the node binaries and the
 images, as tests/fixtures/node.py says), runs, and tears it down; exit 1 when a check
@@ -25,8 +26,32 @@ namespace, matching the pod's IP); the other replica must take over through the 
 the cut one must stop acting. The run records the Lease's holder, the operator's Events and
 each replica's leadership log lines for the checks.
 
-Not covered here (later work): Sentinel and Redis Cluster failover (bench/chaos_failover.py
-runs them under local workers).
+--redis sentinel runs the same with Redis Sentinel in pods instead of the bundled Redis
+(bench/_chaos_sentinel.py: a StatefulSet of a primary and its replica, one of three
+Sentinels, quorum 2, down-after 3 s; their startup scripts make a recreated pod rejoin as a
+replica of the master the Sentinels name). The Queue, and so the operator and the workers,
+use redis+sentinel:// with the Sentinels' pod names; the producer reaches the Sentinels and
+the master by their pod IPs, through a host route to the pod network via the node. The
+faults on the bundled Redis (redis_delete, net_cut by its Service) are left out; instead
+redis_primary_kill force-deletes the current primary's pod (--grace-period=0), only while
+its replica reports master_link_status:up and the Sentinels know it, at most once a
+minute; its window lasts until the Sentinels name the promoted replica and the recreated
+pod is its synced replica (then Sentinels that still list the dead primary's address are
+SENTINEL RESET, one at a time). The producer's offers are durable (replicas_to_confirm=1: WAIT counted the
+replica before offer() returned; NotReplicated is offered again), so an accepted offer
+survives the kill: any one missing fails the run. What asynchronous replication can still
+lose by design are the workers' writes the dying primary acknowledged and its replica did
+not have yet: a lease (the attempt is minted again under another token), a renewal or an
+acknowledgement of a completion (the lease runs out on the promoted replica and the task
+runs again). Those are the duplicates a kill's window explains (history "rollback_kinds",
+as bench/chaos_failover.py records them); no stale acknowledgement may be accepted. The
+operator's ticks are plain offers: one the dying primary confirmed alone may be lost, a
+missed tick inside the kill's window. The report names the masters in turn.
+
+Every run also samples the operator pods' container restartCount: a restart must fall in a
+node fault's window (the kubelet or containerd restarted). The API server stopped or the
+leader cut from it must not restart a replica: its liveness probe passes while Lease calls
+fail or time out.
 """
 
 from __future__ import annotations
@@ -54,9 +79,11 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis
+import redis.sentinel
 
 import effectmq
 from bench import _chaos_checks as checks
+from bench import _chaos_sentinel as sentinel
 from bench._chaos_checks import Fault
 from bench._chaos_handlers import token_hash
 from effectmq.client.models import parse_task
@@ -81,10 +108,30 @@ SETTLE_SECONDS = 300.0
 # (kind, weight): how often each fault is drawn
 FAULT_KINDS = (("pod_delete", 4), ("pod_force", 4), ("oom", 2), ("operator_delete", 2), ("redis_delete", 2),
                ("net_cut", 2), ("kubelet_restart", 2), ("containerd_restart", 1))
+# Faults of the bundled Redis (its pod, its Service address): not in the Sentinel topology
+BUNDLED_REDIS_KINDS = ("redis_delete", "net_cut")
+SENTINEL_KINDS = tuple((k, w) for k, w in FAULT_KINDS if k not in BUNDLED_REDIS_KINDS) + (("redis_primary_kill", 3),)
 # Faults of the control plane, held 20-60 s: the API server stopped, the leading operator
 # replica cut from it (with a second replica, which must take over)
 CONTROL_PLANE_KINDS = (("apiserver_stop", 1), ("leader_cut", 2))
-ALL_KINDS = FAULT_KINDS + CONTROL_PLANE_KINDS
+ALL_KINDS = FAULT_KINDS + (("redis_primary_kill", 3),) + CONTROL_PLANE_KINDS
+TOPOLOGIES = ("bundled", "sentinel")
+PRIMARY_KILL_INTERVAL = 60.0  # seconds from one primary kill to the next, at least
+# Faults whose primary may take writes it acknowledged with it (bench/_chaos_checks.py rollback_kinds)
+ROLLBACK_KINDS = ("redis_primary_kill",)
+CONFIRM_TIMEOUT = 2.0  # the producer's durable offers (Sentinel): WAIT for the replica this long
+
+
+def kinds_for(redis_topology: str, control_plane: bool = False) -> tuple[tuple[str, int], ...]:
+    """The fault kinds drawn by default for a topology (bundled or sentinel)."""
+    kinds = SENTINEL_KINDS if redis_topology == "sentinel" else FAULT_KINDS
+    return kinds + (CONTROL_PLANE_KINDS if control_plane else ())
+
+
+def unfit_kinds(redis_topology: str, kinds: tuple[tuple[str, int], ...]) -> list[str]:
+    """The kinds that act on a Redis the topology does not have."""
+    absent = BUNDLED_REDIS_KINDS if redis_topology == "sentinel" else ("redis_primary_kill",)
+    return sorted(k for k, _ in kinds if k in absent)
 LONG_HOLD = (20.0, 60.0)  # seconds a control-plane fault is held
 
 
@@ -102,12 +149,16 @@ class Run:
     work_dir: Path
     plant: str | None = None
     kinds: tuple[tuple[str, int], ...] = FAULT_KINDS
+    topology: str = "bundled"  # where Redis is: the chart's, or "sentinel" (bench/_chaos_sentinel.py)
     faults: list[Fault] = field(default_factory=list)
     offers: dict[str, dict] = field(default_factory=dict)
     replicas: list[list] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    leases: list[list] = field(default_factory=list)  # [t, holderIdentity] sampled each second
+    leases: list[list] = field(default_factory=list)  # [t, holderIdentity, renewTime] sampled each second
     operator_logs: dict[str, str] = field(default_factory=dict)  # pod (and container run) -> its log
+    operator_restarts: list[dict] = field(default_factory=list)  # a container's restartCount seen going up
+    masters: list[list] = field(default_factory=list)  # [t, IP, pod] each time the Sentinels name another master
+    skipped: list[str] = field(default_factory=list)  # faults drawn but not injected, and why
 
     def __post_init__(self) -> None:
         self.rng = random.Random(f"{self.seed}/faults")
@@ -119,6 +170,16 @@ class Run:
         # the Lease, Events and leadership logs are recorded only with the control plane's faults
         self.control_plane = any(kind in dict(CONTROL_PLANE_KINDS) for kind, _ in self.kinds)
         self.current: dict[str, Fault] = {}  # the fault of each kind in progress
+        self.skip_reasons: dict[str, str] = {}  # why inject() returned None, by kind
+        self.sent: set[str] = set()  # ids offered, confirmed or not (a refused durable offer is stored all the same)
+        self.restarts_seen: dict[str, int] = {}  # "<pod>/<container>" -> restartCount last sampled
+        self.restarts_sampled = time.time()
+        self.last_primary_kill: float | None = None
+        self.counters = {"offer retries": 0, "NotReplicated (offered again)": 0}
+        self.durable = self.topology == "sentinel"
+        unfit = unfit_kinds(self.topology, self.kinds)
+        if self.topology not in TOPOLOGIES or unfit:
+            raise ValueError(f"topology {self.topology!r} (one of {TOPOLOGIES}) has no place for the faults {unfit}")
 
     # ---- helpers
 
@@ -168,9 +229,11 @@ class Run:
         env = [{"name": "EFFECTMQ_CHAOS_STORE", "value": store_url}]
         if self.plant:
             env.append({"name": "EFFECTMQ_CHAOS_PLANT", "value": self.plant})
+        redis_spec = ({"url": sentinel.cluster_url(NS)} if self.topology == "sentinel" else
+                      {"urlFrom": {"secretKeyRef": {"name": f"{RELEASE}-redis", "key": "url"}}})
         queue = {"apiVersion": "effectmq.io/v1alpha1", "kind": "Queue", "metadata": {"name": QUEUE, "namespace": NS},
                  "spec": {
-                     "redis": {"urlFrom": {"secretKeyRef": {"name": f"{RELEASE}-redis", "key": "url"}}},
+                     "redis": redis_spec,
                      "lockTimeoutSeconds": LOCK_SECONDS, "lockRefreshSeconds": 2, "maxStalledCount": STALL_CAP,
                      "worker": {"image": WORKER_IMAGE, "imagePullPolicy": "Never",
                                 "handlers": f"{HANDLERS_MODULE}:app", "concurrency": 2,
@@ -188,36 +251,173 @@ class Run:
 
     def setup(self) -> None:
         store_url = self.start_side_store()
-        install(self.cluster, self.work_dir, self.operator_replicas)
+        install(self.cluster, self.work_dir, self.operator_replicas, bundled_redis=self.topology == "bundled")
         c = self.cluster
-        if self.get("deployment", RELEASE)["spec"].get("replicas") != self.operator_replicas:  # a shared install
+        deployment = self.get("deployment", RELEASE)
+        if deployment["spec"].get("replicas") != self.operator_replicas:  # a shared install
             c.kubectl("scale", "deployment", RELEASE, "-n", NS, f"--replicas={self.operator_replicas}")
         c.kubectl("rollout", "status", "deployment", RELEASE, "-n", NS, "--timeout=180s", timeout=190)
-        env = self.get("deployment", RELEASE)["spec"]["template"]["spec"]["containers"][0]["env"]
+        env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
         self.lease_name = next(e["value"] for e in env if e["name"] == "EFFECTMQ_OPERATOR_LEASE")
+        self.operator_selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+        if self.topology == "sentinel":
+            self.start_sentinel_topology()
         c.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
                                                          "items": self.manifests(store_url)}))
         c.kubectl("wait", "-n", NS, "--for=condition=Ready", f"queue/{QUEUE}", "--timeout=180s", timeout=190)
-        self.redis_url, self.redis_ip = redis_on_host(c)
+        if self.topology == "bundled":
+            self.redis_url, self.redis_ip = redis_on_host(c)
         self.keys = QueueKeys("emq", f"{NS}/{QUEUE}")
-        self.queue = effectmq.SyncTaskQueue(f"{NS}/{QUEUE}", url=self.redis_url, socket_timeout=5)
+        durable = {"replicas_to_confirm": 1, "confirm_timeout": CONFIRM_TIMEOUT} if self.durable else {}
+        self.queue = effectmq.SyncTaskQueue(f"{NS}/{QUEUE}", url=self.redis_url, socket_timeout=5, **durable)
         self.wait("worker pods", lambda: [p for p in self.pods(f"app.kubernetes.io/instance={QUEUE}")
                                           if self.ready(p)], 180)
+        self.sample_operator_restarts(baseline=True)
+
+    # ---- the Sentinel topology (bench/_chaos_sentinel.py)
+
+    def start_sentinel_topology(self) -> None:
+        c = self.cluster
+        c.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                   "items": sentinel.manifests()}))
+        self.pod_route_added = sentinel.route_pods(c.network.pod_cidr, c.network.node_ip)
+        state = self.wait("a primary, its synced replica and three Sentinels that know them",
+                          lambda: self.sentinel_topology()[0], 240)
+        self.sentinel_ips = self.pod_ips(sentinel.SENTINELS)
+        self.redis_url = sentinel.host_url(list(self.sentinel_ips.values()))
+        self.masters.append([time.time(), state["master_ip"], state["master"]])
+        log(f"Sentinel topology up: {state['master']} primary, {state['replica']} its replica")
+
+    def pod_ips(self, name: str) -> dict[str, str]:
+        """Pod name -> IP of a StatefulSet's pods that have an IP and are not being deleted."""
+        return {p["metadata"]["name"]: p["status"]["podIP"] for p in self.pods(f"app.kubernetes.io/name={name}")
+                if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")}
+
+    def sentinel_topology(self) -> tuple[dict | None, str]:
+        """({master, master_ip, replica, replica_ip}, "") when the Sentinels agree on a master that
+        answers as one, the other data pod is its replica with its link up, and each Sentinel
+        knows it and its two peers, ready to fail over; else (None, why not)."""
+        sentinel_ips = list(self.pod_ips(sentinel.SENTINELS).values())
+        data = self.pod_ips(sentinel.DATA)
+        if len(sentinel_ips) < sentinel.SENTINEL_PODS or len(data) < sentinel.DATA_PODS:
+            return None, f"pods with an IP: {sorted(data)} and {len(sentinel_ips)} Sentinels"
+        master_ip = sentinel.agreed_master(sentinel_ips)
+        by_ip = {ip: name for name, ip in data.items()}
+        if master_ip not in by_ip:
+            return None, f"the Sentinels name {[sentinel.named_master(ip) for ip in sentinel_ips]}, pods {data}"
+        if sentinel.replication(master_ip).get("role") != "master":
+            return None, f"{by_ip[master_ip]} ({master_ip}) does not answer as a master"
+        (replica_ip,) = [ip for ip in by_ip if ip != master_ip]
+        link = sentinel.replication(replica_ip)
+        if not sentinel.in_sync_replica(replica_ip, master_ip):
+            return None, (f"{by_ip[replica_ip]} is no synced replica: role {link.get('role')}, master "
+                          f"{link.get('master_host')}, link {link.get('master_link_status')}")
+        why = sentinel.sentinels_settled(sentinel_ips, master_ip, replica_ip)
+        if why:
+            return None, why
+        return {"master": by_ip[master_ip], "master_ip": master_ip, "replica": by_ip[replica_ip],
+                "replica_ip": replica_ip}, ""
+
+    def kill_primary(self) -> Fault | None:
+        """The primary's pod force-deleted while its replica is in sync and the Sentinels know
+        it; the window ends once the Sentinels name the promoted replica and the recreated pod
+        is its synced replica. Then the Sentinels that list the dead primary's address are
+        SENTINEL RESET (the next kill waits for that: one fault of a kind at a time)."""
+        kind = "redis_primary_kill"
+        if self.last_primary_kill is not None and time.time() - self.last_primary_kill < PRIMARY_KILL_INTERVAL:
+            self.skip_reasons[kind] = f"the last kill was {time.time() - self.last_primary_kill:.0f}s ago"
+            return None
+        state, why = self.sentinel_topology()
+        if state is None:
+            self.skip_reasons[kind] = f"not ready to fail over: {why}"
+            return None
+        old, old_ip = state["master"], state["master_ip"]
+        uid = self.get("pod", old)["metadata"]["uid"]
+        self.last_primary_kill = time.time()
+        fault = self.begin(Fault(kind, "*", time.time(), note=f"{old} ({old_ip})"))
+        self.kubectl("delete", "pod", old, "-n", NS, "--force", "--grace-period=0", "--wait=false", check=False)
+        sentinel_ips = list(self.sentinel_ips.values())
+
+        def promoted() -> str | None:
+            ip = sentinel.agreed_master(sentinel_ips)
+            return ip if ip and ip != old_ip and sentinel.replication(ip).get("role") == "master" else None
+        new_ip = self.wait("the Sentinels naming a new master that answers", promoted, 120, 0.5)
+        fault.note += f"; {state['replica'] if new_ip == state['replica_ip'] else new_ip} promoted after " \
+                      f"{time.time() - fault.start:.1f}s"
+
+        def rejoined() -> str | None:
+            pod = self.get("pod", old)
+            ip = pod["status"].get("podIP")
+            return ip if pod["metadata"]["uid"] != uid and ip and sentinel.in_sync_replica(ip, new_ip) else None
+        try:
+            back_ip = self.wait(f"{old} recreated as a synced replica of {new_ip}", rejoined, 180, 0.5)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; its log: {sentinel.pod_log_tail(self.kubectl, NS, old, 5)}") from None
+        fault.end = time.time()
+        fault.note += f"; {old} back at {back_ip} as its replica after {fault.end - fault.start:.1f}s"
+        # the dead primary's address, still listed as a replica: dropped (no client sees it)
+        unsettled = sentinel.reset_sentinels(sentinel_ips, new_ip, back_ip)
+        if unsettled:
+            self.errors.append(f"{kind}: Sentinels not settled after SENTINEL RESET: {unsettled}")
+        fault.note += f"; Sentinels reset {time.time() - fault.end:.0f}s"
+        return fault
+
+    def sample_master(self) -> None:
+        ip = sentinel.agreed_master(list(self.sentinel_ips.values()))
+        if ip and (not self.masters or self.masters[-1][1] != ip):
+            pods = {v: k for k, v in self.pod_ips(sentinel.DATA).items()}
+            self.masters.append([time.time(), ip, pods.get(ip)])
+
+    def sample_operator_restarts(self, baseline: bool = False) -> None:
+        """Each operator container whose restartCount went up since the last sample: when its
+        last run ended (lastState), and the interval the restart lies in."""
+        now = time.time()
+        for pod in self.pods(self.operator_selector):
+            name = pod["metadata"]["name"]
+            for status in pod["status"].get("containerStatuses") or []:
+                key = f"{name}/{status['name']}"
+                count = status.get("restartCount", 0)
+                if count > self.restarts_seen.get(key, 0) and not baseline:
+                    ended = (status.get("lastState") or {}).get("terminated") or {}
+                    self.operator_restarts.append({
+                        "pod": name, "container": status["name"], "restarts": count, "since": self.restarts_sampled,
+                        "seen": now, "died": ended.get("finishedAt"), "reason": ended.get("reason"),
+                        "exit_code": ended.get("exitCode")})
+                    previous = self.kubectl("logs", name, "-n", NS, "-c", status["name"], "--previous", "--tail=15",
+                                            check=False, timeout=30).stdout.strip()
+                    self.operator_restarts[-1]["log_tail"] = previous.splitlines()
+                    log(f"operator container {key} restarted ({ended.get('reason')}, exit {ended.get('exitCode')}, "
+                        f"ended {ended.get('finishedAt')}); its last lines:\n{previous}")
+                self.restarts_seen[key] = count
+        self.restarts_sampled = now
 
     # ---- the producer and the sampler
 
     def offer(self, task_id: str, payload: dict, kind: str, deadline: float) -> None:
-        """Offered until Redis confirms it (a re-offer of the same id after an error)."""
+        """Offered until Redis confirms it (and, durable, WAIT counted the replica): the same id
+        again after an error or NotReplicated."""
+        with self.lock:
+            self.sent.add(task_id)
         while time.monotonic() < deadline:
             try:
                 self.queue.offer("work", payload, task_id=task_id, max_stalled_count=STALL_CAP)
+            except effectmq.NotReplicated:  # stored on the primary, not yet on a replica: not accepted
+                self.count("NotReplicated (offered again)")
+                time.sleep(0.2)
+                continue
             except (effectmq.EffectMQError, redis.RedisError, OSError, TimeoutError):  # Redis is down or cut
+                self.count("offer retries")
                 time.sleep(0.5)
                 continue
             with self.lock:
-                self.offers[task_id] = {"kind": kind}
+                offer = self.offers.setdefault(task_id, {"kind": kind, "durable": self.durable, "confirmed": []})
+                offer["confirmed"].append(round(time.time(), 4))
             return
         self.errors.append(f"{task_id}: never confirmed")
+
+    def count(self, counter: str) -> None:
+        with self.lock:
+            self.counters[counter] += 1
 
     def produce(self) -> None:
         rng = random.Random(f"{self.seed}/tasks")
@@ -249,18 +449,37 @@ class Run:
                         del scaling_in[name]
             except Exception:  # the API server under a restarted node: a missed sample
                 pass
+            try:
+                self.sample_operator_restarts()
+                if self.topology == "sentinel":
+                    self.sample_master()
+            except Exception:
+                pass
             self.stop.wait(2)
         for fault in scaling_in.values():
             fault.end = time.time()
 
+    def lease_spec(self) -> dict:
+        return self.get("lease", self.lease_name).get("spec") or {}
+
     def lease_holder(self) -> str | None:
-        return (self.get("lease", self.lease_name).get("spec") or {}).get("holderIdentity")
+        return self.lease_spec().get("holderIdentity")
+
+    def renewing_holder(self) -> str | None:
+        """The Lease's holder while it renews it (its renewTime younger than the lease's
+        duration); None for a record nobody renews (its holder stood down or is gone)."""
+        spec = self.lease_spec()
+        renewed = _log_instant(spec.get("renewTime") or "")
+        if renewed is None or time.time() - renewed > spec.get("leaseDurationSeconds", 15):
+            return None
+        return spec.get("holderIdentity")
 
     def watch_lease(self) -> None:
-        """The Lease's holder each second (a missed sample while the API server is down)."""
+        """The Lease's holder and renewTime each second (a missed sample while the API server is down)."""
         while not self.stop.is_set():
             try:
-                self.leases.append([time.time(), self.lease_holder()])
+                spec = self.lease_spec()
+                self.leases.append([time.time(), spec.get("holderIdentity"), spec.get("renewTime")])
             except Exception:
                 pass
             self.stop.wait(1)
@@ -406,6 +625,8 @@ class Run:
             return fault
         if kind == "leader_cut":
             return self.cut_leader(hold)
+        if kind == "redis_primary_kill":
+            return self.kill_primary()
         if kind in ("kubelet_restart", "containerd_restart"):
             fault = self.begin(Fault(kind, "*", now()))
             self.restart_node_process(kind.split("_")[0])
@@ -426,9 +647,15 @@ class Run:
         """The leading replica's pod cut from the API server (both directions, in the node's
         FORWARD chain, after kube-proxy's DNAT of the `kubernetes` Service) for `hold` s."""
         c = self.cluster
+        try:  # right after the API server's restart the record may be one its holder no longer renews
+            self.wait("a holder renewing the Lease", self.renewing_holder, 60, 0.5)
+        except TimeoutError:
+            self.skip_reasons["leader_cut"] = "no holder renewed the Lease for 60 s"
+            return None
         pod = self.leader_pod()
         if pod is None or len([p for p in self.operator_pods() if self.ready(p)]) < 2:
-            return None  # no leader, or no second replica to take over
+            self.skip_reasons["leader_cut"] = "no leader pod, or no second Ready replica to take over"
+            return None
         pod_ip = self.get("pod", pod)["status"]["podIP"]
         api_port = c.plane.server.rsplit(":", 1)[1]
         host = c.network.host_ip
@@ -479,7 +706,9 @@ class Run:
                     started.end = time.time() + LOCK_SECONDS
                 return
             if fault is None:
-                self.errors.append(f"{kind}: skipped, nothing to fault")
+                why = self.skip_reasons.pop(kind, "nothing to fault")
+                self.skipped.append(f"{kind} at +{time.time() - self.t0:.0f}s: {why}")
+                log(f"fault {kind} skipped: {why}")
                 return
             fault.end = fault.end or time.time()
             log(f"fault {kind} on {fault.target} {fault.note}: {fault.end - fault.start:.1f}s")
@@ -532,10 +761,18 @@ class Run:
         log(f"faults over: {len(self.faults)} windows, {len(self.offers)} offers confirmed; settling")
         return self.collect()
 
+    def redis_client(self) -> redis.Redis:
+        """A client of the primary (the one the Sentinels name, followed across a failover)."""
+        if self.topology == "sentinel":
+            sentinels = redis.sentinel.Sentinel([(ip, sentinel.SENTINEL_PORT) for ip in self.sentinel_ips.values()],
+                                                socket_timeout=10)
+            return sentinels.master_for(sentinel.SERVICE, decode_responses=True, socket_timeout=10)
+        return redis.Redis.from_url(self.redis_url, decode_responses=True, socket_timeout=10)
+
     def settle(self) -> None:
         ids = sorted(self.offers)
         deadline = time.monotonic() + SETTLE_SECONDS
-        client = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_timeout=10)
+        client = self.redis_client()
         while time.monotonic() < deadline:
             try:
                 pipe = client.pipeline(transaction=False)
@@ -556,6 +793,10 @@ class Run:
         ready = self.cluster.kubectl("wait", "-n", NS, "--for=condition=Ready", f"queue/{QUEUE}", "--timeout=180s",
                                      check=False, timeout=190)
         conditions = self.get("queue", QUEUE).get("status", {}).get("conditions")
+        try:  # a restart the settling saw too
+            self.sample_operator_restarts()
+        except Exception as exc:
+            self.errors.append(f"operator restarts not sampled after the faults: {exc}")
         if self.control_plane:
             self.save_all_operator_logs()
         events = [{"instance": e.get("reportingInstance"), "reason": e.get("reason"), "count": e.get("count"),
@@ -563,7 +804,7 @@ class Run:
                    "object": f"{e['involvedObject'].get('kind')}/{e['involvedObject'].get('name')}"}
                   for e in self.get("events")["items"] if e.get("reportingComponent") == "effectmq-operator"
                   ] if self.control_plane else []
-        client = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_timeout=10)
+        client = self.redis_client()
         ticks = [k[len(self.keys.task("")):] for k in client.scan_iter(self.keys.task(f"{NS}/{SCHEDULE}/*"),
                                                                           count=1000)]
         indexes = {name: set(client.zrange(self.keys.key(name), 0, -1)) for name in INDEXES}
@@ -576,7 +817,8 @@ class Run:
             tasks[tid] = {"state": info.state, "attempt": info.attempt, "result": info.result,
                           "last_token": token_hash(h["last_token"]) if h.get("last_token") else None,
                           "indexes": [name for name in INDEXES if tid in indexes[name]]}
-        known = set(self.offers) | set(ticks)
+        known = self.sent | set(ticks)
+        self.counters["offers never confirmed (not judged)"] = len(self.sent - set(self.offers))
         history = {
             "seed": self.seed, "seconds": self.seconds, "t0": self.t0, "plant": self.plant,
             "lock_seconds": LOCK_SECONDS, "tick_seconds": TICK_SECONDS, "max_replicas": MAX_REPLICAS,
@@ -587,6 +829,9 @@ class Run:
             "faults": [vars(f) for f in self.faults], "replicas": self.replicas,
             "leases": self.leases, "operator_events": events,
             "leadership": leadership(self.operator_logs),
+            "operator_restarts": self.operator_restarts,
+            "redis": self.topology, "masters": self.masters, "counters": self.counters, "skipped": self.skipped,
+            **({"rollback_kinds": list(ROLLBACK_KINDS)} if self.topology == "sentinel" else {}),
             "ready_after": {"ready": ready.returncode == 0, "waited": round(time.monotonic() - started, 1),
                             "conditions": conditions},
             "harness_errors": self.errors,
@@ -600,6 +845,8 @@ class Run:
             queue.close()
         if getattr(self, "redis_ip", None):
             forget_redis_route(self.redis_ip)
+        if getattr(self, "pod_route_added", False):
+            sentinel.forget_pod_route(self.cluster.network.pod_cidr)
         proc = getattr(self, "store_proc", None)
         if proc is not None:
             proc.terminate()
@@ -638,10 +885,10 @@ def leadership(logs: dict[str, str]) -> list[dict]:
     return terms
 
 
-def install(cluster: OneNodeCluster, work_dir: Path, operator_replicas: int = 1) -> None:
+def install(cluster: OneNodeCluster, work_dir: Path, operator_replicas: int = 1, bundled_redis: bool = True) -> None:
     """The chaos worker image (the example image and bench/_chaos_handlers.py) and the chart
-    with its bundled Redis in namespace NS, unless they are there: the tests of
-    tests/cluster/test_chaos.py share one install with the run."""
+    with its bundled Redis (unless bundled_redis is False) in namespace NS, unless they are
+    there: the tests of tests/cluster/test_chaos.py share one install with the run."""
     if cluster.helm("status", RELEASE, "--namespace", NS, check=False).returncode == 0:
         return
     # the example image the cluster imported: current/example.tar (main()) or the archive this
@@ -652,7 +899,7 @@ def install(cluster: OneNodeCluster, work_dir: Path, operator_replicas: int = 1)
     write_derived_image(base, {f"/app/{HANDLERS_MODULE}.py": HANDLERS_FILE.read_bytes()}, WORKER_IMAGE, archive)
     cluster.import_image(archive)
     cluster.helm("install", RELEASE, str(REPO_ROOT / "charts" / "effectmq"), "--namespace", NS, "--create-namespace",
-                 "--set", "redis.enabled=true", "--set", f"replicaCount={operator_replicas}",
+                 "--set", f"redis.enabled={str(bundled_redis).lower()}", "--set", f"replicaCount={operator_replicas}",
                  "--wait", "--timeout", "240s", timeout=300)
 
 
@@ -679,23 +926,29 @@ def write_report(history: dict, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "history.json").write_text(json.dumps(history))
     (out / "report.json").write_text(json.dumps({"summary": summary, "problems": problems}, indent=2))
-    lines = [f"chaos run, seed {history['seed']}, {history['seconds']:.0f}s of faults"
+    lines = [f"chaos run, seed {history['seed']}, {history['seconds']:.0f}s of faults, "
+             f"{'Redis Sentinel in pods' if history.get('redis') == 'sentinel' else 'the bundled Redis'}"
              + (f", planted defect {history['plant']}" if history.get("plant") else ""),
-             *(f"  {k}: {v}" for k, v in summary.items() if k != "checks"), "checks (problems found):"]
+             *(f"  {k}: {v}" for k, v in summary.items() if k != "checks"),
+             *(f"  {k}: {v}" for k, v in (history.get("counters") or {}).items()), "checks (problems found):"]
     for name, found in problems.items():
         lines.append(f"  {'FAIL' if found else 'ok  '} {name}: {len(found)}")
         lines += [f"       {p}" for p in found[:10]]
-    if history.get("harness_errors"):
-        lines.append("harness errors: " + "; ".join(history["harness_errors"][:10]))
+    if history.get("skipped"):
+        lines.append("faults skipped: " + "; ".join(history["skipped"][:10]))
+    if history.get("harness_errors"):  # first lines only (a failed kubectl call's has its command)
+        lines.append("harness errors: " + "; ".join(e.splitlines()[0] for e in history["harness_errors"][:10]))
     (out / "report.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     return {"summary": summary, "problems": problems}
 
 
 def run_chaos(cluster: OneNodeCluster, seed: int, seconds: float, out: Path, plant: str | None = None,
-              kinds: tuple[tuple[str, int], ...] = FAULT_KINDS) -> dict:
-    """One run on a cluster that is up (the chart is installed into namespace chaos and removed after)."""
-    run = Run(cluster, seed, seconds, out / "work", plant, kinds)
+              kinds: tuple[tuple[str, int], ...] | None = None, redis: str = "bundled") -> dict:
+    """One run on a cluster that is up (the chart is installed into namespace chaos and removed
+    after); redis="sentinel" runs it on Redis Sentinel in pods. `kinds` defaults to the
+    topology's faults without the control plane's (kinds_for)."""
+    run = Run(cluster, seed, seconds, out / "work", plant, kinds or kinds_for(redis), redis)
     try:
         history = run.execute()
     finally:
@@ -712,14 +965,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--plant", choices=("drop-done",), default=None,
                         help="run with a planted defect the checks must catch")
-    parser.add_argument("--faults", default=",".join(k for k, _ in ALL_KINDS),
-                        help="the fault kinds drawn, comma-separated (default: all: %(default)s)")
+    parser.add_argument("--redis", choices=TOPOLOGIES, default="bundled",
+                        help="the chart's bundled Redis, or Redis Sentinel in pods (a primary, a replica, "
+                             "three Sentinels)")
+    parser.add_argument("--faults", default=None,
+                        help="the fault kinds drawn, comma-separated (default: every kind the topology has: "
+                             f"bundled {','.join(k for k, _ in kinds_for('bundled', True))}; "
+                             f"sentinel {','.join(k for k, _ in kinds_for('sentinel', True))})")
     args = parser.parse_args(argv)
     weights = dict(ALL_KINDS)
-    unknown = sorted(set(args.faults.split(",")) - set(weights))
+    names = args.faults.split(",") if args.faults else [k for k, _ in kinds_for(args.redis, True)]
+    unknown = sorted(set(names) - set(weights))
     if unknown:
         parser.error(f"unknown fault kinds {unknown}; known: {', '.join(weights)}")
-    kinds = tuple((k, weights[k]) for k in args.faults.split(","))
+    kinds = tuple((k, weights[k]) for k in names)
+    if unfit_kinds(args.redis, kinds):
+        parser.error(f"--redis {args.redis} has no place for the faults {unfit_kinds(args.redis, kinds)}")
     out = args.out or Path(tempfile.mkdtemp(prefix=f"emq-chaos-{args.seed}-"))
     built = subprocess.run(["bash", str(REPO_ROOT / "tooling" / "images.sh"), "all"], capture_output=True, text=True)
     if built.returncode != 0:
@@ -735,7 +996,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cluster.start()
             log(f"cluster up; seed {args.seed}, {args.minutes:g} min; report in {out}")
-            result = run_chaos(cluster, args.seed, args.minutes * 60, out, args.plant, kinds)
+            result = run_chaos(cluster, args.seed, args.minutes * 60, out, args.plant, kinds, args.redis)
         finally:
             cluster.stop()
             shutil.rmtree(work, ignore_errors=True)

@@ -94,7 +94,7 @@ ROLLBACK_KINDS = ("primary_kill", "primary_pause", "master_kill")
 # Checks of things a failover run has none of: a Schedule, a Deployment, an operator.
 NOT_APPLICABLE = ("ticks missed beyond the policy", "ticks run twice as different tasks", "replicas above maxReplicas",
                   "two operator leaders at once", "operator Events not from the Lease's holder",
-                  "leader cuts not taken over")
+                  "leader cuts not taken over", "operator restarts not explained by a fault")
 PLANTS = ("phantom-offer", "drop-done")
 
 

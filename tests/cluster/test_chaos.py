@@ -7,6 +7,10 @@ And the harness can fail: its checks find each planted violation in a recorded h
 run no fault explains, a tick missed or run twice, replicas above the cap, a Queue not
 Ready), so a clean run means something.
 
+The same run on Redis Sentinel in pods (a primary, a replica, three Sentinels), its primary
+force-deleted so the Sentinels promote the replica and the recreated pod rejoins as a
+replica, under durable offers: the same checks must pass.
+
 Before the run, on its cluster and chart, stall causes on real pods (TestStallCauses): a
 worker container the kernel OOM-kills, a worker pod force-deleted and one evicted through
 the Eviction API, each under attempts that then stall; the attempts' history, `effectmq
@@ -20,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import pytest
@@ -35,7 +40,6 @@ T0 = 1_800_000_000.0  # a tick instant (divisible by 5)
 
 
 def tick_id(offset: int) -> str:
-    import time
     return "chaos/ticker/" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(T0 + offset))
 
 
@@ -65,6 +69,12 @@ def recorded() -> dict:
         "replicas": [[T0, 1, 1], [T0 + 5, 4, 3]],
         "ready_after": {"ready": True, "waited": 1.0, "conditions": []},
     }
+
+
+def operator_restart(died: float) -> dict:
+    return {"pod": "effectmq-5d8c7-aaaaa", "container": "operator", "restarts": 1, "since": died - 2,
+            "seen": died + 1, "died": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(died)), "reason": "Error",
+            "exit_code": 1}
 
 
 def planted(change) -> dict[str, list[str]]:
@@ -111,6 +121,15 @@ def set_in(path, value):
      "ticks run twice as different tasks"),
     (lambda h: h["replicas"].append([T0 + 9, 5, 4]), "replicas above maxReplicas"),
     (set_in(("ready_after", "ready"), False), "queue not Ready after the faults"),
+    # the operator's container restarted with no node fault near: the liveness probe failed it
+    (set_in(("operator_restarts",), [operator_restart(T0 + 40)]), "operator restarts not explained by a fault"),
+    # an API server outage explains no restart: the probe passes while Lease calls fail
+    (lambda h: h.update(operator_restarts=[operator_restart(T0 + 40)], faults=[
+        *h["faults"], {"kind": "apiserver_stop", "target": "apiserver", "start": T0 + 20, "end": T0 + 50}]),
+     "operator restarts not explained by a fault"),
+    # when the restart ended is unknown, the samples around it bound it
+    (set_in(("operator_restarts",), [{**operator_restart(T0 + 40), "died": None, "since": T0 + 38, "seen": T0 + 40}]),
+     "operator restarts not explained by a fault"),
 ])
 def test_the_checks_catch_a_planted_violation(change, caught):
     assert caught in failing(planted(change))
@@ -121,6 +140,29 @@ def test_a_missed_tick_inside_an_operator_outage_is_the_skip_policy():
         h["tasks"].pop(tick_id(5))
         h["faults"].append({"kind": "operator_delete", "target": "operator", "start": T0 + 3, "end": T0 + 4})
     assert failing(planted(outage)) == set()
+
+
+def test_a_restart_under_a_node_fault_is_explained():
+    def restarted(h):
+        h["operator_restarts"] = [operator_restart(T0 + 40)]
+        h["faults"].append({"kind": "containerd_restart", "target": "*", "start": T0 + 30, "end": T0 + 35})
+    assert failing(planted(restarted)) == set()
+
+
+def killed_primary(h: dict) -> None:
+    """w2's attempt 2 was leased on a primary that died before its replica had the lease: the
+    promoted replica leased attempt 2 again, under another token (its run is the one kept)."""
+    h["runs"] += [{"ev": "start", "task": "w2", "attempt": 2, "token": "lost", "pod": "p2", "t": T0 + 11}]
+    h["runs"].sort(key=lambda e: e["t"])
+    h["faults"].append({"kind": "redis_primary_kill", "target": "*", "start": T0 + 11.5, "end": T0 + 25})
+
+
+def test_an_acquisition_a_killed_primary_took_with_it_is_minted_again_in_its_window():
+    def sentinel_run(h):
+        killed_primary(h)
+        h["rollback_kinds"] = list(chaos.ROLLBACK_KINDS)
+    assert failing(planted(sentinel_run)) == set()
+    assert "attempts run twice" in failing(planted(killed_primary))  # no rollback kinds: no excuse
 
 
 # ---- stall causes on real pods (the chart and worker image of the chaos run, installed once)
@@ -345,5 +387,19 @@ def test_a_seeded_chaos_run_loses_nothing_and_accepts_no_stale_ack(kube_cluster,
     print(f"\nchaos seed {SEED} (EFFECTMQ_CHAOS_SEED replays it): {summary}")
     assert set(summary["faults"]) >= {"pod_delete", "pod_force", "oom", "operator_delete", "redis_delete",
                                       "net_cut", "kubelet_restart", "containerd_restart"}, summary
+    assert summary["offers"] > 50 and summary["ticks"] >= 5, summary
+    assert failing(problems) == set(), {k: v[:5] for k, v in problems.items() if v}
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_a_seeded_chaos_run_on_redis_sentinel_in_pods_loses_nothing(kube_cluster, tmp_path):
+    result = chaos.run_chaos(kube_cluster, SEED, 120, tmp_path, redis="sentinel")
+    summary, problems = result["summary"], result["problems"]
+    history = json.loads((tmp_path / "history.json").read_text())
+    print(f"\nchaos on Redis Sentinel, seed {SEED}: {summary}; skipped: {history['skipped']}")
+    assert summary["faults"].get("redis_primary_kill", 0) >= 1, (summary, history["skipped"])
+    masters = [ip for _, ip, _ in history["masters"]]
+    assert len(masters) >= 2 and all(a != b for a, b in zip(masters, masters[1:])), history["masters"]
     assert summary["offers"] > 50 and summary["ticks"] >= 5, summary
     assert failing(problems) == set(), {k: v[:5] for k, v in problems.items() if v}
