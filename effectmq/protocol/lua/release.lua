@@ -34,14 +34,15 @@ if not key then
   return outcome_of(id, token)
 end
 local delay = tonumber(ARGV[3]) or 0
-local attempt = tonumber(redis.call('HGET', key, 'attempt')) or 0
+local ran = ARGV[5] ~= '0'
+local attempt = not ran and tonumber(redis.call('HGET', key, 'attempt')) or 0  -- read only to give it back
 write('ZREM', K_ACTIVE, id)  -- the first write frees (FIRST_WRITE_FREES)
 if caps_from() then  -- its group's slot frees (group_caps.lua)
   use_caps(declared_last({'group_ctl', 'backlog'}))
   slot_freed(key, lease[1], token)
 end
 record_outcome(key, token, OUTCOME_RELEASED)
-if ARGV[5] ~= '0' then
+if ran then
   record_attempt(key, 'released', nil, now)
 elseif attempt >= 1 then
   write('HSET', key, 'attempt', int_text(attempt - 1))
