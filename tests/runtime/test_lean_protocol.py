@@ -126,31 +126,41 @@ async def test_competing_workers_with_10ms_handlers_settle_a_whole_wave_per_call
     # 6 tasks per call, where 10 are there to be settled. Now a worker is not named the
     # ids another holds, and a batch waits for the attempts about to finish.
     # Without prefetch: held leases start as handlers return, so completions come in no
-    # waves to merge (0.10-0.13 calls per task here; 0.135 once in CI on a loaded machine).
+    # waves to merge (0.10-0.13 calls per task here; 0.135 and 0.155 once each in CI on a
+    # loaded machine). The defect is in every round; a busy machine only in some, so the
+    # best of three rounds is measured.
     server = make_redis()
     admin = server.client()
     queues = [effectmq.TaskQueue("waves", url=server.url, retention_completed=0) for _ in range(2)]
     tasks = 2000
-    seen = 0
-    done = asyncio.Event()
 
-    async def job(payload):
-        nonlocal seen
-        await asyncio.sleep(0.01)
-        seen += 1
-        if seen == tasks:
-            done.set()
+    async def one_round() -> float:
+        seen = 0
+        done = asyncio.Event()
 
-    try:
+        async def job(payload):
+            nonlocal seen
+            await asyncio.sleep(0.01)
+            seen += 1
+            if seen == tasks:
+                done.set()
+
         await queues[0].offer_many([("job", i) for i in range(tasks)])
         before = script_calls(admin)
         options = dict(concurrency=10, prefetch=0, maintenance_interval=5.0)
         async with running(make_worker(queues[0], {"job": job}, **options)), \
                 running(make_worker(queues[1], {"job": job}, **options)):
             await asyncio.wait_for(done.wait(), 60)
-            per_task = (script_calls(admin) - before) / tasks
-        print(f"script calls per task {per_task:.3f}")
-        assert per_task <= 0.15, per_task  # was 0.164-0.193 (two waves that never merged)
+            return (script_calls(admin) - before) / tasks
+
+    try:
+        rounds = []
+        for _ in range(3):
+            rounds.append(await one_round())
+            if rounds[-1] <= 0.15:
+                break
+        print("script calls per task", ", ".join(f"{r:.3f}" for r in rounds))
+        assert min(rounds) <= 0.15, rounds  # was 0.164-0.193 in every round (two waves that never merged)
     finally:
         for q in queues:
             await q.close()
