@@ -13,8 +13,10 @@ kopf annotation) is added to users' objects.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import kopf
@@ -34,6 +36,7 @@ from .schedule_controller import ScheduleController
 from .worker_endings import WorkerEndings
 
 
+API_RETRY_CEILING = 30.0  # seconds between retries of an API request once kopf's own backoffs are spent
 SHUTDOWN_STEP = 2.0  # seconds each shutdown step may take: SIGTERM to exit stays within a few seconds
 LOOP_BLOCK_WARNING = 3.0  # seconds the loop may not run before the log says where it is stuck (Lease: 15 s)
 log = logging.getLogger("effectmq.operator")
@@ -61,6 +64,21 @@ class Running:
     loop_watch: LoopWatch
     endings: WorkerEndings
     tasks: list[asyncio.Task] = field(default_factory=list)
+
+
+class ApiBackoffs:
+    """kopf's backoffs (1, 1, 2, ... 21 s), then every API_RETRY_CEILING seconds, for ever.
+
+    kopf escalates a request whose backoffs are spent; when that request is a watch or
+    the resource discovery, the operator exits (after about 54 s of an unreachable API
+    server). A restart mends nothing and the kubelet's restart backoff then delays the
+    operator's return by minutes, so requests wait for the API server instead. Iterable
+    again for every request, and not Sized (kopf counts attempts of a Sized one)."""
+
+    FIRST = (1.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0)
+
+    def __iter__(self) -> Iterator[float]:
+        return itertools.chain(self.FIRST, itertools.repeat(API_RETRY_CEILING))
 
 
 def options_of(memo: kopf.Memo) -> OperatorOptions:
@@ -142,6 +160,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.watching.connect_timeout = 5
     settings.networking.request_timeout = 15
     settings.networking.connect_timeout = 5
+    settings.networking.error_backoffs = ApiBackoffs()
     # Shutdown: our event handlers are instant, so kopf need not wait 2 s per watcher for
     # them; and the last resort if shutdown hangs on a dead connection: exit within 5 s.
     settings.batching.exit_timeout = 0.5

@@ -210,3 +210,34 @@ def test_cut_leader_steps_down_before_takeover_follows_again_and_sigterm_is_prom
         print("timings:", {k: round(v, 2) for k, v in timings.items()})
         for p in proxies:
             p.close()
+
+
+def test_an_operator_started_while_the_api_server_is_gone_waits_for_it(
+        kube_control_plane, kube_namespace, start_operator, redis_url, tmp_path):
+    # kopf's resource discovery retries 8 times over 54 s, then escalates ("Resource
+    # observer has failed") and the operator exits with code 1: a replica (re)started
+    # during an API server outage of a minute crash-looped (the cluster chaos run saw it
+    # as an operator restart during an apiserver_stop). It now waits for the API server.
+    plane, ns = kube_control_plane, kube_namespace
+    proxy = TcpProxy(urlparse(plane.server).port)
+    try:
+        proxy.refuse()  # every connection refused at once: kopf's retries run out fastest
+        apply(plane, ns, queue_manifest("waiting", redis_url))  # straight to the API server
+        a = start_operator(name="operator-a", extra_env={"EFFECTMQ_OPERATOR_LEASE_SECONDS": str(LEASE_SECONDS)},
+                           kubeconfig=proxied_kubeconfig(plane, proxy.port, tmp_path / "a.kubeconfig"))
+        started = time.monotonic()
+        while time.monotonic() - started < 75:  # past kopf's 54 s, with room for its last request
+            assert a.proc.poll() is None, f"the operator exited while the API server was gone\n{a.log()}"
+            time.sleep(1)
+        assert "escalating" not in full_log(a), a.log()
+        assert get(plane, ns, "deployment", "waiting-worker") is None
+
+        proxy.restore()
+        wait_for(lambda: get(plane, ns, "deployment", "waiting-worker"), timeout=60,
+                 what=f"the Queue gets its Deployment once the API server answers\n{a.log()}")
+        wait_for(lambda: (condition(get(plane, ns, "queue", "waiting"), "Ready") or {}).get("status") == "True",
+                 timeout=30, what=f"Queue Ready\n{a.log()}")
+        assert a.proc.poll() is None, a.log()
+        assert probe_status(a) == 200, a.log()
+    finally:
+        proxy.close()
