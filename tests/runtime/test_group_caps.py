@@ -316,7 +316,8 @@ async def test_a_killed_worker_frees_its_slot_by_its_stall(make_queue, redis_url
 # -- bounds, counting, and what a queue without caps pays ------------------------------------
 
 @pytest.mark.parametrize("value, problem", [
-    (-2, ">= -1"), (1.5, "integer"), (True, "integer"), ("3", "integer"), (2**31, "<= 2147483647"), (None, "max_active or rate_limit"),
+    (-2, ">= -1"), (1.5, "integer"), (True, "integer"), ("3", "integer"), (2**31, "<= 2147483647"),
+    (None, "max_active or rate_limit"),
 ])
 async def test_a_bad_cap_is_refused_before_anything_is_sent(make_queue, value, problem):
     q = make_queue("caps-bad")
