@@ -153,6 +153,28 @@ async def test_a_limit_and_a_cap_together_hold_both(make_queue):
     await invariants(q)
 
 
+async def test_the_starts_of_groups_that_stopped_are_swept_by_later_starts(make_queue):
+    """Each call that logs starts trims one neighbouring group's old ones: the log keeps
+    only live windows, whatever the number of groups that stopped starting."""
+    q = make_queue("grate-sweep", lock_timeout=60)
+    await q.configure(group_rate_limit=(5, 0.05))
+    await q.configure_group("z", rate_limit=(100, 60))
+    await q.configure_group("g3", rate_limit=0)  # its starts logged before: all of them go
+    stopped = [f"g{i}" for i in range(5)]
+    await q.offer_many([("t", {}, {"group": g, "task_id": f"{g}-{i}"}) for g in stopped for i in range(2)])
+    await q.redis.zadd(q.keys.key("group_starts"), {"g3\0000000000000001\0" + "1": 0})
+    await lease_all_once(q, 10)
+    logged = [m.split("\0")[0] for m in await q.redis.zrange(q.keys.key("group_starts"), 0, -1)]
+    assert [g for g in logged if g != "g3"] == ["g0", "g0", "g1", "g1", "g2", "g2", "g4", "g4"], logged
+    await asyncio.sleep(0.1)  # their windows are over
+    await q.offer_many([("t", {}, {"group": "z", "task_id": f"z{i}"}) for i in range(6)])
+    for _ in range(6):
+        await lease_all_once(q, 1)
+    members = await q.redis.zrange(q.keys.key("group_starts"), 0, -1)
+    assert [m.split("\0")[0] for m in members] == ["z"] * 6, members
+    await invariants(q)
+
+
 # -- bounds ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("value, problem", [
@@ -200,6 +222,28 @@ async def test_a_client_that_does_not_know_the_queue_counts_is_refused_before_wr
 
 
 # -- across workers ----------------------------------------------------------------------------
+
+async def test_workers_in_one_process_keep_every_groups_window_and_sleep_until_it_allows(make_queue):
+    q = make_queue("grate-inproc")
+    await q.configure(group_rate_limit=(10, 0.5))
+    ids = [f"{g}{i}" for g in "ab" for i in range(25)]
+    await q.offer_many([("job", i, {"task_id": task_id, "group": task_id[0]}) for i, task_id in enumerate(ids)])
+    began = time.monotonic()
+
+    async def job(payload):
+        return payload
+
+    workers = [make_worker(q, {"job": job}, concurrency=8, prefetch=4) for _ in range(3)]
+    async with running(workers[0]), running(workers[1]), running(workers[2]):
+        await until_settled(q, len(ids), timeout=20)
+        assert all(w._prefetch.ahead() == 0 for w in workers)  # no lease held ahead, whatever prefetch says
+    took = time.monotonic() - began
+    for g in "ab":
+        starts = await starts_of(q, [i for i in ids if i[0] == g])
+        assert most_in_a_window(starts, 500) == 10, (g, starts)
+    assert took < 1.0 + 1.5, f"{took:.2f}s for 2 full windows and a half: workers slept past the next start"
+    await invariants(q)
+
 
 async def test_two_worker_processes_never_start_more_of_a_group_than_its_limit(make_queue, redis_url, tmp_path):
     q = make_queue("grate-procs")

@@ -469,12 +469,13 @@ async def configure_group_default(q):
 
 async def acquire_rate_parking(q):
     """a at its rate limit: its picks parked (its due time written) while b's lease; a's
-    starts in the window counted, its start logged and its old starts trimmed."""
+    starts in the window counted, its start logged, its old starts and a stopped group's trimmed."""
     await q.configure_group("a", rate_limit=(2, 60))
     await q.offer_many([("t", i, {"task_id": f"a{i}", "group": "a"}) for i in range(4)] +
                        [("t", "b", {"task_id": "b0", "group": "b"})])
     await q.acquire_many(1)  # a0
-    await q.redis.zadd(q.keys.key("group_starts"), {"a\0000000000000001\0" + "1": 0})  # long gone
+    await q.redis.zadd(q.keys.key("group_starts"), {"a\0000000000000001\0" + "1": 0,  # long gone
+                                                    "c\0000000000000001\0" + "2": 0})  # a stopped group's: swept
     reset = _remembering(q.engine)
 
     async def act():

@@ -191,12 +191,33 @@ local function hand_back(c, group, n)
   return #members, members[#members]
 end
 
+-- The starts of the group after `group` in group_starts (in lex order, else the first group)
+-- that its window no longer counts (all of them when it has no limit now) go: a call that
+-- logs starts sweeps one neighbour, so the starts of groups that stopped starting go too
+-- (a swept group leaves the log, and the next call's neighbour is the one after it).
+local function sweep_neighbour(c, group)
+  local next_member = redis.call('ZRANGE', c.starts, '(' .. group .. '\1', '+', 'BYLEX', 'LIMIT', '0', '1')[1] or
+    redis.call('ZRANGE', c.starts, '-', '+', 'BYLEX', 'LIMIT', '0', '1')[1]
+  if not next_member then return end
+  local name = string.sub(next_member, 1, string.find(next_member, '\0', 1, true) - 1)
+  if name == group then return end
+  local e = group_state(c, name)
+  local kept_from = e.rate_tasks and now_ms() - rate_span(e.rate_period) + 1 or now_ms() + 1
+  write('ZREMRANGEBYLEX', c.starts, '[' .. name .. '\0', '(' .. string.sub(group_starts_from(name, kept_from), 2))
+end
+
 -- The call's counts written, and for each attempt that ended here one of its group's parked
 -- tasks handed back while the group has room (16 of a group without a cap): tasks handed
 -- back are not counted until leased, so more would overshoot. A cap raised is
 -- configure_group's to let go. commit_writes calls this first: its reads come before every write.
 local function caps_flush()
   local c = call.caps
+  for _, e in ipairs(c.order) do
+    if e.started_here > 0 then
+      sweep_neighbour(c, e.group)
+      break
+    end
+  end
   for _, e in ipairs(c.order) do
     if e.frees > 0 and not (e.rate_tasks and not e.started and e.cap == 0) then
       hand_back(c, e.group, math.min(group_room(e), e.cap == 0 and 16 or e.frees))
