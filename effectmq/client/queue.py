@@ -376,9 +376,10 @@ class TaskQueue(OwnsConnection):
         trip (two when no ready ids are known yet: a script declares every task hash
         it touches, see `LeaseEngine.acquire_many`).
 
-        Returns the leases and the seconds until the next delayed task is due
-        (None when there is none; 0 when ready tasks are known that other workers
-        took first: look again now), so an idle worker knows how long it may sleep.
+        Returns the leases and the seconds until the next delayed task is due, or the
+        next group held back by its rate limit (None when there is none; 0 when ready
+        tasks are known that other workers took first: look again now), so an idle worker
+        knows how long it may sleep.
         Values are decoded per task: one that is not UTF-8 marks its lease `corrupt`.
         """
         _check_setting("lock_timeout", lock_timeout)
@@ -486,7 +487,7 @@ class TaskQueue(OwnsConnection):
                 encoded = setting.encode(value)
             written.append(protocol.Setting(SETTINGS[key], encoded))
         more_room = False  # a larger queue-wide group cap or rate limit, or none: parked tasks may go back
-        if settings.get("group_rate_limit", ()) is None:  # a limit changed is enforced at the next pick
+        if "group_rate_limit" in settings:  # one in force changed (a lower one holds at the next pick)
             with self._redis_errors:
                 more_room = await self.redis.hexists(self.keys.key("meta"), META_FIELDS["group_rate_limit"])
         if "group_max_active" in settings and not more_room:
