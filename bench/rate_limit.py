@@ -4,6 +4,7 @@ no window of the period ever holds more.
     python bench/rate_limit.py                        # 100 per 1 s, 4 processes, 60 s
     python bench/rate_limit.py --mode per-minute      # 5 per 60 s, 4 processes, 180 s
     python bench/rate_limit.py --tasks 20 --period 0.5 --seconds 5 --workers 2
+    python bench/rate_limit.py --group-rate           # the same limit on one task group
 
 Starts `--workers` processes of `python -m effectmq worker bench._rate_handlers:app` on
 a private redis-server (or `--url`), waits until each has announced itself, configures
@@ -22,6 +23,12 @@ period plus a guard of 1 % of it (at most 20 ms, protocol.RATE_GUARD), so that b
 longer than the guard can still put a window of handler starts over the limit. What
 holds whatever the delays is the lease windows' bound shifted by D: no window of
 `period - D` holds more than `tasks` handler starts; the report shows D and that count.
+
+With --group-rate the limit is one group's (configure_group("limited", rate_limit=...)),
+not the queue's: the backlog is that group's, beside a group "free" of FREE_TASKS tasks
+without a limit offered first, whose starts per second the report shows (the limited
+group must not slow it). Acquire parks the limited group's picks at its limit and hands
+them back when its window allows (lua/includes/group_caps.lua); workers keep prefetching.
 
 Exits 1 unless no window of the lease starts holds more than `tasks` and the total is
 within 2 % of the expected one.
@@ -51,6 +58,7 @@ QUEUE = "bench-rate"
 HANDLERS = "bench._rate_handlers:app"
 TOLERANCE = 0.02  # of the expected total
 MODES = {"per-second": (100, 1.0, 60.0), "per-minute": (5, 60.0, 180.0)}
+FREE_TASKS = 20_000  # --group-rate: the unlimited group's tasks
 
 
 def most_in_a_window(starts: list[float], period: float) -> int:
@@ -74,6 +82,13 @@ class Result:
     handler_starts: list[int]  # wall clock, ns, sorted
     per_process: dict[str, int]
     delays: list[float]  # ms from each lease start to its handler's start
+    free_starts: list[int] | None = None  # --group-rate: the unlimited group's lease starts (Redis ms), sorted
+
+    @property
+    def free_rate(self) -> float:
+        """The unlimited group's starts per second, from its first start to its last."""
+        starts = self.free_starts or []
+        return (len(starts) - 1) / max((starts[-1] - starts[0]) / 1000, 0.001) if len(starts) > 1 else 0.0
 
     @property
     def most_delay(self) -> float:
@@ -110,8 +125,13 @@ class Result:
 
 def report(r: Result) -> str:
     lease_total, handler_total = r.within(r.lease_starts, 1000), r.within(r.handler_starts, 1e9)
+    free = [] if r.free_starts is None else [
+        f"group free (no limit):         {len(r.free_starts)} starts at {r.free_rate:,.0f}/s, its last "
+        f"{(r.free_starts[-1] - r.lease_starts[0]) / 1000 if r.free_starts and r.lease_starts else 0:.2f} s "
+        "after the limited group's first"]
     return "\n".join([
-        f"limit {r.tasks} per {r.period:g} s, {r.workers} worker processes, {r.seconds:g} s after the first start",
+        f"limit {r.tasks} per {r.period:g} s{' on group limited' if r.free_starts is not None else ''}, "
+        f"{r.workers} worker processes, {r.seconds:g} s after the first start",
         f"lease starts (Redis time):     most in any {r.period:g} s window {r.lease_most} (limit {r.tasks}), "
         f"{lease_total} within {r.seconds:g} s (expected {r.expected}, {lease_total / r.expected - 1:+.2%})",
         f"handler starts (wall clock):   most in any {r.period:g} s window {r.handler_most}, "
@@ -120,12 +140,13 @@ def report(r: Result) -> str:
         f"at most D = {r.most_delay:.1f} ms; most handler starts in any window of period - D: "
         f"{r.handler_most_shifted}",
         f"starts per process: {', '.join(f'{n}' for n in sorted(r.per_process.values(), reverse=True))}",
+        *free,
         "OK" if r.ok else "FAILED: a window held more than the limit, or the total is off by more than 2 %",
     ])
 
 
 async def run(url: str, *, tasks: int, period: float, seconds: float, workers: int = 4, concurrency: int = 10,
-              log_dir: Path | None = None) -> Result:
+              log_dir: Path | None = None, group_rate: bool = False) -> Result:
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="effectmq-rate-"))
     side = log_dir / "starts"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -133,8 +154,12 @@ async def run(url: str, *, tasks: int, period: float, seconds: float, workers: i
     q = effectmq.TaskQueue(QUEUE, url=url)
     procs: list[subprocess.Popen] = []
     try:
-        await q.redis.delete(*[q.keys.key(k) for k in ("waiting", "meta", "starts", "seq")])
-        await q.configure(rate_limit=(tasks, period))
+        await q.redis.delete(*[q.keys.key(k) for k in ("waiting", "meta", "starts", "seq", "groups", "group_clock",
+                                                        "group_ctl", "backlog", "group_starts", "group_due")])
+        if group_rate:
+            await q.configure_group("limited", rate_limit=(tasks, period))
+        else:
+            await q.configure(rate_limit=(tasks, period))
         for i in range(workers):
             log = open(log_dir / f"worker-{i}.log", "ab")
             procs.append(subprocess.Popen(
@@ -146,9 +171,15 @@ async def run(url: str, *, tasks: int, period: float, seconds: float, workers: i
                 raise SystemExit(f"the workers did not all start; logs in {log_dir}")
             await asyncio.sleep(0.1)
         backlog = math.ceil(seconds / period + 2) * tasks + 100  # more than the run can start
+        group = {"group": "limited"} if group_rate else {}
+        free = FREE_TASKS if group_rate else 0
+        for at in range(0, free, 5000):
+            await q.offer_many([("noop", None, {"task_id": f"f{i}", "group": "free"})
+                                for i in range(at, min(free, at + 5000))])
         for at in range(0, backlog, 5000):
-            await q.offer_many([("noop", None, {"task_id": f"t{i}"}) for i in range(at, min(backlog, at + 5000))])
-        while not await q.redis.exists(q.keys.key("starts")):
+            await q.offer_many([("noop", None, {"task_id": f"t{i}", **group})
+                                for i in range(at, min(backlog, at + 5000))])
+        while not await q.redis.exists(q.keys.key("group_starts" if group_rate else "starts")):
             await asyncio.sleep(0.01)
         await asyncio.sleep(seconds + min(period, 5.0))  # past the window that starts `seconds` later
     finally:
@@ -158,10 +189,13 @@ async def run(url: str, *, tasks: int, period: float, seconds: float, workers: i
             p.wait(60)
     try:
         ids = [f"t{i}" for i in range(backlog)]
+        free_ids = [f"f{i}" for i in range(free)]
         async with q.redis.pipeline(transaction=False) as pipe:
-            for task_id in ids:
+            for task_id in ids + free_ids:
                 pipe.hget(q.keys.task(task_id), "started_at")
-            leased = {task_id: int(s) for task_id, s in zip(ids, await pipe.execute()) if s}
+            started = await pipe.execute()
+        leased = {task_id: int(s) for task_id, s in zip(ids, started) if s}
+        free_starts = sorted(int(s) for s in started[len(ids):] if s) if group_rate else None
         await q.configure(rate_limit=None)
     finally:
         await q.close()
@@ -169,11 +203,12 @@ async def run(url: str, *, tasks: int, period: float, seconds: float, workers: i
     per_process: dict[str, int] = {}
     for path in log_dir.glob("starts.*"):
         lines = [line.split() for line in path.read_text().splitlines() if line]
+        lines = [line for line in lines if line[1].startswith("t")]  # the limited tasks
         per_process[path.suffix[1:]] = len(lines)
         handled.update((task_id, int(at)) for at, task_id in lines)
     delays = [handled[task_id] / 1e6 - at for task_id, at in leased.items() if task_id in handled]
     return Result(tasks, period, seconds, workers, sorted(leased.values()), sorted(handled.values()), per_process,
-                  delays)
+                  delays, free_starts)
 
 
 def main() -> None:
@@ -186,12 +221,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4, help="worker processes")
     parser.add_argument("--concurrency", type=int, default=10, help="attempts per worker process")
     parser.add_argument("--url", help="an existing Redis (default: a private redis-server)")
+    parser.add_argument("--group-rate", action="store_true",
+                        help="limit one task group (beside an unlimited one) instead of the queue")
     args = parser.parse_args()
     tasks, period, seconds = MODES[args.mode]
     with private_redis(args.url) as url:
         result = asyncio.run(run(url, tasks=args.tasks or tasks, period=args.period or period,
                                  seconds=args.seconds or seconds, workers=args.workers,
-                                 concurrency=args.concurrency))
+                                 concurrency=args.concurrency, group_rate=args.group_rate))
     print(report(result))
     sys.exit(0 if result.ok else 1)
 

@@ -16,7 +16,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, cast
 
 from . import __version__
 from .protocol import settings
@@ -292,6 +292,16 @@ def rate_limit_setting(value: str) -> tuple[int, float] | str:
                          f"got {value!r}") from None
 
 
+def group_rate_setting(value: str) -> tuple[int, float] | int:
+    """group --rate-limit's argument: TASKS/PERIOD, "off" (none for this group: 0) or
+    "default" (the queue's group_rate_limit: -1), as configure_group takes it."""
+    text = value.strip().lower()
+    if text == "default":
+        return -1
+    limit = rate_limit_setting(value)
+    return 0 if limit == "off" else cast("tuple[int, float]", limit)
+
+
 async def cmd_rate_limit(args) -> int:
     async with _known_queue(args) as q:
         if args.limit is not None:  # else only shown
@@ -309,16 +319,18 @@ async def cmd_rate_limit(args) -> int:
 
 async def cmd_group(args) -> int:
     async with _known_queue(args) as q:
-        if args.max_active is not None:
-            await q.configure_group(args.group, max_active=args.max_active)
+        if args.max_active is not None or args.rate_limit is not None:
+            await q.configure_group(args.group, max_active=args.max_active, rate_limit=args.rate_limit)
         if args.pause or args.resume:
             await (q.pause_group if args.pause else q.resume_group)(args.group)
         stats = await q.group_stats(args.group)
 
     def human(v: dict) -> str:
         cap = f"at most {v['max_active']}" if v["max_active"] else "no cap"
+        rate = v["rate_limit"]
         return (f"group {v['group']} of queue {q.name}: {v['active']} running ({cap})"
-                f"{', paused' if v['paused'] else ''}, {v['waiting']} waiting, {v['parked']} parked")
+                f"{', paused' if v['paused'] else ''}, {v['waiting']} waiting, {v['parked']} parked"
+                + (f"; at most {rate[0]} starts in any {rate[1]:g}s" if rate else ""))
 
     emit(args, stats.to_json(), human)
     return 0
@@ -440,12 +452,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "none: show it")
     _queue_args(r)
     r.set_defaults(run=cmd_rate_limit)
-    g = sub.add_parser("group", help="show or set a task group's cap on running attempts, pause or resume it",
-                       description="Show a task group's counts, cap and pause; with an option, change them first. "
-                       "A group's tasks beyond its cap, or while it is paused, wait parked while other groups run.")
+    g = sub.add_parser("group", help="show or set a task group's cap on running attempts and its rate limit, "
+                       "pause or resume it",
+                       description="Show a task group's counts, cap, rate limit and pause; with an option, change "
+                       "them first. A group's tasks beyond its cap or its rate limit, or while it is paused, wait "
+                       "parked while other groups run.")
     g.add_argument("group", help="the group's name (1 to 128 bytes of UTF-8)")
     g.add_argument("--max-active", type=int, help="its attempts running at once across all workers: N > 0 a cap, "
                    "0 no cap, -1 the queue's group_max_active")
+    g.add_argument("--rate-limit", type=group_rate_setting, help="its starts in any window across all workers: "
+                   "TASKS/PERIOD (5/1s: 5 starts in any second), off (none for this group), default (the "
+                   "queue's group_rate_limit)")
     pause = g.add_mutually_exclusive_group()
     pause.add_argument("--pause", action="store_true", help="start none of its tasks (those running finish)")
     pause.add_argument("--resume", action="store_true", help="start its tasks again")

@@ -361,10 +361,13 @@ class GroupStats:
     parked: int = 0  # its tasks held back by its cap or pause (state waiting)
     max_active: int = 0  # its cap in force (its own, else the queue's group_max_active); 0: none
     paused: bool = False
+    # (tasks, period seconds): its rate limit in force (its own, else the queue's group_rate_limit); None: none
+    rate_limit: tuple[int, float] | None = None
 
     def to_json(self) -> dict:
         return {"group": self.group, "waiting": self.waiting, "active": self.active, "parked": self.parked,
-                "max_active": self.max_active, "paused": self.paused}
+                "max_active": self.max_active, "paused": self.paused,
+                "rate_limit": list(self.rate_limit) if self.rate_limit else None}
 
 
 @dataclass(frozen=True)

@@ -376,9 +376,10 @@ class TaskQueue(OwnsConnection):
         trip (two when no ready ids are known yet: a script declares every task hash
         it touches, see `LeaseEngine.acquire_many`).
 
-        Returns the leases and the seconds until the next delayed task is due
-        (None when there is none; 0 when ready tasks are known that other workers
-        took first: look again now), so an idle worker knows how long it may sleep.
+        Returns the leases and the seconds until the next delayed task is due, or the
+        next group held back by its rate limit (None when there is none; 0 when ready
+        tasks are known that other workers took first: look again now), so an idle worker
+        knows how long it may sleep.
         Values are decoded per task: one that is not UTF-8 marks its lease `corrupt`.
         """
         _check_setting("lock_timeout", lock_timeout)
@@ -485,8 +486,11 @@ class TaskQueue(OwnsConnection):
                 _check_setting(key, value, allow_none=False)
                 encoded = setting.encode(value)
             written.append(protocol.Setting(SETTINGS[key], encoded))
-        more_room = False  # a larger queue-wide group cap, or none: parked tasks may go back
-        if "group_max_active" in settings:
+        more_room = False  # a larger queue-wide group cap or rate limit, or none: parked tasks may go back
+        if "group_rate_limit" in settings:  # one in force changed (a lower one holds at the next pick)
+            with self._redis_errors:
+                more_room = await self.redis.hexists(self.keys.key("meta"), META_FIELDS["group_rate_limit"])
+        if "group_max_active" in settings and not more_room:
             with self._redis_errors:
                 before = int(await self.redis.hget(self.keys.key("meta"), META_FIELDS["group_max_active"]) or 0)
             after_cap = settings["group_max_active"] or 0
@@ -563,8 +567,9 @@ class TaskQueue(OwnsConnection):
         return (reply.held_until - reply.now) / 1000
 
     async def group_stats(self, group: str) -> GroupStats:
-        """One group's counts, cap and pause (a group nobody configured and with nothing
-        waiting, running or parked counts 0, under the queue's group_max_active)."""
+        """One group's counts, cap, rate limit and pause (a group nobody configured and with
+        nothing waiting, running or parked counts 0, under the queue's group_max_active and
+        group_rate_limit)."""
         check_group(group)
         return (await self._group_stats([group]))[0]
 
@@ -573,18 +578,18 @@ class TaskQueue(OwnsConnection):
         ctl, backlog = self.keys.key("group_ctl"), self.keys.key("backlog")
         with self._redis_errors:
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hget(self.keys.key("meta"), META_FIELDS["group_max_active"])
+                pipe.hmget(self.keys.key("meta"), META_FIELDS["group_max_active"], META_FIELDS["group_rate_limit"])
                 for group in groups:
                     pipe.zscore(self.keys.key("groups"), group)
-                    pipe.hmget(ctl, f"a:{group}", f"m:{group}", f"p:{group}")
+                    pipe.hmget(ctl, f"a:{group}", f"m:{group}", f"p:{group}", f"r:{group}")
                     pipe.zlexcount(backlog, f"[{group}\0", f"({group}\x01")
-                default, *replies = await pipe.execute()
+                (default, default_rate), *replies = await pipe.execute()
         out = []
         for n, group in enumerate(groups):
-            waiting, (active, own, paused), parked = replies[3 * n:3 * n + 3]
+            waiting, (active, own, paused, own_rate), parked = replies[3 * n:3 * n + 3]
             cap = STORED["group_max_active"].clamp(int(own if own is not None else default or 0))
             out.append(GroupStats(group, int(waiting or 0), max(0, int(active or 0)), int(parked), int(cap),
-                                  paused == "1"))
+                                  paused == "1", decode_rate(own_rate if own_rate is not None else default_rate)))
         return out
 
     async def groups(self, *, offset: int = 0, count: int = 100, busiest: bool = True) -> list[GroupStats]:
@@ -598,16 +603,28 @@ class TaskQueue(OwnsConnection):
         names = [str(group) for group, _ in cast("list[tuple[str, float]]", page)]
         return await self._group_stats(names) if names else []
 
-    async def configure_group(self, group: str, *, max_active: int) -> GroupStats:
+    async def configure_group(self, group: str, *, max_active: int | None = None,
+                              rate_limit: tuple[int, float] | int | None = None) -> GroupStats:
         """Cap the attempts of `group` running at once, across every worker: max_active > 0 a
         cap, 0 no cap for this group, -1 back to the queue's group_max_active. Its tasks beyond
         the cap wait, parked (out of the waiting index: other groups run on), and go back as
         its attempts end; a cap raised or removed hands back as many as it allows at once.
-        The queue's first cap or pause starts the counting: attempts running then finish
-        uncounted. Returns the group's stats after the change."""
+        rate_limit: (tasks, period_seconds): at most `tasks` of its attempts start in any window
+        of `period_seconds`, by Redis time (its tasks beyond wait parked, and go back when the
+        window allows); 0 no limit for this group, -1 back to the queue's group_rate_limit.
+        None leaves either unchanged. The queue's first cap, rate limit or pause starts the
+        counting: attempts running then finish uncounted. Returns the group's stats after the change."""
         check_group(group)
-        check_number("max_active", max_active, minimum=-1, integer=True, allow_none=False, maximum=MAX_COUNT)
-        return await self._control_group(group, max_active=str(max_active))
+        if max_active is None and rate_limit is None:
+            raise InvalidOption("configure_group needs max_active or rate_limit")
+        if max_active is not None:
+            check_number("max_active", max_active, minimum=-1, integer=True, allow_none=False, maximum=MAX_COUNT)
+        rate = ""
+        if rate_limit in (0, -1) and not isinstance(rate_limit, bool):
+            rate = str(rate_limit)
+        elif rate_limit is not None:
+            rate = STORED["group_rate_limit"].encode(rate_limit_value(rate_limit, "rate_limit"))
+        return await self._control_group(group, max_active="" if max_active is None else str(max_active), rate=rate)
 
     async def pause_group(self, group: str) -> GroupStats:
         """Start no more tasks of `group` (its running attempts finish); other groups run on."""
@@ -619,13 +636,15 @@ class TaskQueue(OwnsConnection):
         check_group(group)
         return await self._control_group(group, paused="0")
 
-    async def _control_group(self, group: str, *, max_active: str = "", paused: str = "") -> GroupStats:
+    async def _control_group(self, group: str, *, max_active: str = "", paused: str = "",
+                             rate: str = "") -> GroupStats:
         """One configure_group call, then more while it has parked tasks to hand back (each
         call hands back at most protocol.GROUP_HAND_BACK)."""
-        reply = await self._scripts.run(protocol.ConfigureGroupArgs(group, max_active, paused))
+        reply = await self._scripts.run(protocol.ConfigureGroupArgs(group, max_active, paused, rate_limit=rate))
         while reply.more:
             reply = await self._scripts.run(protocol.ConfigureGroupArgs(group, after=reply.more))
-        return GroupStats(group, reply.waiting, reply.active, reply.parked, reply.max_active, reply.paused)
+        return GroupStats(group, reply.waiting, reply.active, reply.parked, reply.max_active, reply.paused,
+                          (reply.rate_tasks, reply.rate_period_ms / 1000) if reply.rate_tasks else None)
 
     async def maintain(self, *, batch: int = 100) -> MaintenanceReport:
         """One bounded pass: recover expired leases, promote due tasks, expire records.

@@ -53,8 +53,9 @@ class SyncTaskQueue:
     def groups(self, *, offset: int = 0, count: int = 100, busiest: bool = True) -> list[GroupStats]:
         return self._run(self._queue.groups(offset=offset, count=count, busiest=busiest))
 
-    def configure_group(self, group: str, *, max_active: int) -> GroupStats:
-        return self._run(self._queue.configure_group(group, max_active=max_active))
+    def configure_group(self, group: str, *, max_active: int | None = None,
+                        rate_limit: tuple[int, float] | int | None = None) -> GroupStats:
+        return self._run(self._queue.configure_group(group, max_active=max_active, rate_limit=rate_limit))
 
     def pause_group(self, group: str) -> GroupStats:
         return self._run(self._queue.pause_group(group))

@@ -17,6 +17,9 @@ RATE_KEYS = ("starts",)
 # A group's counted attempts, cap and pause, and the tasks parked by them
 # (lua/includes/group_caps.lua): declared last by the scripts that start or end attempts.
 GROUP_KEYS = ("group_ctl", "backlog")
+# A group rate limit's starts and the groups it holds back until a time (group_caps.lua):
+# declared by acquire and configure_group only, before GROUP_KEYS.
+GROUP_RATE_KEYS = ("group_starts", "group_due")
 
 
 def check_queue_name(name: str) -> str:

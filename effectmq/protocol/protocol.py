@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Any, ClassVar, Generic, NamedTuple, Sequence, TypeVar
 
-from .keys import FORENSIC_KEYS, GROUP_KEYS, RATE_KEYS
+from .keys import FORENSIC_KEYS, GROUP_KEYS, GROUP_RATE_KEYS, RATE_KEYS
 
 # One offer script call handles at most this many tasks (Redis runs a script alone:
 # a bounded call keeps every other client's latency bounded too).
@@ -283,7 +283,7 @@ class OfferReply:
 class AcquireReply:
     now: int
     deadline: int
-    next_due: int  # -1 = no delayed task
+    next_due: int  # -1 = no delayed task and no rate-limited group due (lua/includes/group_caps.lua)
     status: AcquireStatus
     ready: tuple[bytes, ...]  # waiting ids the next call may declare
     due: tuple[bytes, ...]  # delayed ids due now, for the next call to promote
@@ -432,12 +432,14 @@ class GroupReply:
     max_active: int  # its cap in force (its own, else the queue's group_max_active); 0 = none
     paused: bool
     more: bytes  # b'' = done; else call again (no group: with `after` = more)
+    rate_tasks: int = 0  # its rate limit in force (its own, else the queue's group_rate_limit); 0 = none
+    rate_period_ms: int = 0
 
     @classmethod
     def from_reply(cls, reply: list) -> "GroupReply":
         more = reply[5]
         return cls(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]), bool(int(reply[4])),
-                   more if isinstance(more, bytes) else str(more or "").encode())
+                   more if isinstance(more, bytes) else str(more or "").encode(), int(reply[6]), int(reply[7]))
 
 
 @dataclass(frozen=True)
@@ -518,8 +520,8 @@ class AcquireArgs(ScriptArgs[AcquireReply]):
     resent: str = ""
     rate_limit: str = ""  # "<tasks> <period_ms>" (settings.Setting.encode), '' = none
     completions: Sequence[Completion] = ()  # settled first, as by CompleteArgs
-    last_keys = RATE_KEYS + GROUP_KEYS
-    optional_keys = GROUP_KEYS
+    last_keys = RATE_KEYS + GROUP_RATE_KEYS + GROUP_KEYS
+    optional_keys = GROUP_RATE_KEYS + GROUP_KEYS
 
     def argv(self) -> list:
         return [self.count, self.lock_timeout_ms, self.token_prefix, self.promote_batch, self.window, self.peek,
@@ -737,8 +739,9 @@ class ConfigureArgs(ScriptArgs[ConfigureReply]):
 
 @dataclass(frozen=True)
 class ConfigureGroupArgs(ScriptArgs[GroupReply]):
-    """A group's cap and pause (TaskQueue.configure_group, pause_group, resume_group), or
-    with no group: the parked tasks the caps in force let go (after group_max_active changed)."""
+    """A group's cap, rate limit and pause (TaskQueue.configure_group, pause_group,
+    resume_group), or with no group: the parked tasks the caps and rate limits in force let go
+    (after group_max_active or group_rate_limit changed)."""
 
     operation = "configure_group"
     Reply = GroupReply
@@ -748,10 +751,11 @@ class ConfigureGroupArgs(ScriptArgs[GroupReply]):
     paused: str = ""  # '' = unchanged, '1' | '0'
     batch: int = GROUP_HAND_BACK
     after: bytes = b""  # no group: the `more` of the call before
-    last_keys = GROUP_KEYS
+    rate_limit: str = ""  # '' = unchanged, '-1' = the queue's, '0' = none, '<tasks> <period_ms>'
+    last_keys = GROUP_RATE_KEYS + GROUP_KEYS
 
     def argv(self) -> list:
-        return [self.group, self.max_active, self.paused, self.batch, self.after]
+        return [self.group, self.max_active, self.paused, self.batch, self.after, self.rate_limit]
 
 
 @dataclass(frozen=True)

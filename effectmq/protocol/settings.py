@@ -137,6 +137,11 @@ TABLE: tuple[Setting, ...] = (
                    "A group's own cap (TaskQueue.configure_group) wins. Acquire parks a task "
                    "of a group at its cap, and hands it back when one of the group's attempts ends; parked "
                    "tasks are no demand for more replicas."),
+    _S("group_rate_limit", "groups.rateLimit", Kind.RATE, None, redis="group_rate_limit", field_default=False,
+       description="At most groups.rateLimit.tasks attempts of each task group start in any window of "
+                   "groups.rateLimit.periodSeconds, across all workers, by Redis time; unset: no limit. A "
+                   "group's own limit (TaskQueue.configure_group) wins. Acquire parks a task of a group at "
+                   "its limit, goes on to other groups, and hands it back when the group's window allows."),
     # -- the retry policy's fields, as a Queue resource spells them ---------------------
     _S(None, "retry.backoff", Kind.ENUM, "Exponential", choices=("Fixed", "Exponential"),
        description="Fixed: always initialDelaySeconds. Exponential: doubling from initialDelaySeconds "
@@ -155,6 +160,10 @@ TABLE: tuple[Setting, ...] = (
     _S(None, "rateLimit.periodSeconds", Kind.SECONDS, None, minimum=MIN_RATE_PERIOD, maximum=MAX_RATE_PERIOD,
        unit="s", description="Length of the sliding window, in seconds (the grain of Redis time, 1 ms, up to a "
                              "day)."),
+    _S(None, "groups.rateLimit.tasks", Kind.COUNT, None, minimum=1, maximum=MAX_RATE_TASKS, unit="tasks",
+       description="Attempts of one group that may start in one window."),
+    _S(None, "groups.rateLimit.periodSeconds", Kind.SECONDS, None, minimum=MIN_RATE_PERIOD, maximum=MAX_RATE_PERIOD,
+       unit="s", description="Length of each group's sliding window, in seconds (1 ms up to a day)."),
     # -- read by the operator only -------------------------------------------------------
     _S(None, "redis.tls.enabled", Kind.FLAG, False, description="Connect with TLS (a rediss:// URL does too)."),
     _S(None, "redis.tls.insecureSkipVerify", Kind.FLAG, False,

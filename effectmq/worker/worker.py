@@ -352,9 +352,11 @@ class Worker:
 
     def _adopt(self, settings: Mapping[str, Any]) -> None:
         # Under maxActive a held lease would take the budget of one that could run; under a
-        # rate limit it would start later than the limit counted it.
+        # rate limit (the queue's, or every group's: a group's own is not seen here) it would
+        # start later than the limit counted it.
         self._prefetch.capped = bool(settings.get("max_active"))
-        self._prefetch.rate_limited = bool(settings.get("rate_limit")) or self.queue.config.rate_limit is not None
+        self._prefetch.rate_limited = (bool(settings.get("rate_limit")) or bool(settings.get("group_rate_limit"))
+                                       or self.queue.config.rate_limit is not None)
 
     def _set_ready(self, ready: bool) -> None:
         self.ready = ready

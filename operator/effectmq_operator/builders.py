@@ -254,6 +254,7 @@ def queue_settings(spec: QueueSpec) -> dict[str, Any]:
         "retry": retry_policies.from_json(spec.retry) if spec.retry else None,
         "rate_limit": spec.rate_limit,
         "group_max_active": spec.group_max_active,
+        "group_rate_limit": spec.group_rate_limit,
     }
 
 

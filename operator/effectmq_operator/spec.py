@@ -140,6 +140,7 @@ class QueueSpec:
     retention_failed: int = 604800
     rate_limit: tuple[int, float] | None = None  # (tasks, period seconds): starts allowed per window
     group_max_active: int = 0  # each task group's cap on attempts running at once (0: none)
+    group_rate_limit: tuple[int, float] | None = None  # (tasks, period seconds): each group's starts per window
 
     @property
     def replica_cap(self) -> int | None:
@@ -193,6 +194,11 @@ class QueueSpec:
         if s.raw("rateLimit") is not None:
             rate = s.section("rateLimit")
             rate_limit = (rate.int("tasks"), rate.number("periodSeconds"))
+        groups = s.section("groups")
+        group_rate_limit = None
+        if groups.raw("rateLimit") is not None:
+            group_rate = groups.section("rateLimit")
+            group_rate_limit = (group_rate.int("tasks"), group_rate.number("periodSeconds"))
         scaling = ScalingSpec(
             min_replicas=sc.int("minReplicas"), max_replicas=sc.int("maxReplicas"),
             target_tasks_per_replica=sc.int("targetTasksPerReplica"),
@@ -215,7 +221,7 @@ class QueueSpec:
             max_retries=None if s.raw("maxRetries") is None else s.int("maxRetries"),
             max_stalled_count=s.int("maxStalledCount"), retry=s.section("retry").filled(),
             retention_completed=retention.int("completedSeconds"), retention_failed=retention.int("failedSeconds"),
-            rate_limit=rate_limit, group_max_active=s.section("groups").int("maxActive"),
+            rate_limit=rate_limit, group_max_active=groups.int("maxActive"), group_rate_limit=group_rate_limit,
         )
 
 

@@ -84,8 +84,8 @@ def group_check(stats: Any, previous: Iterable[dict[str, Any]] = ()) -> Check | 
     parked = stats.parked
     if parked > 0:
         return Check(GROUP_CONDITION, "True", "TasksParked",
-                     f"{parked} of {stats.waiting + parked} waiting tasks wait for their group's cap or resume; "
-                     "more replicas would not start them")
+                     f"{parked} of {stats.waiting + parked} waiting tasks wait for their group's cap, rate limit or "
+                     "resume; more replicas would not start them")
     if stats.group_caps:
         return Check(GROUP_CONDITION, "False", "NoneParked", "no waiting task is held back by its group's cap or pause")
     return None

@@ -286,8 +286,8 @@ def test_argo_cd_and_kstatus_agree(case: Case, judged, kstatus):
         assert argo.message == ("rate limited: 5000 waiting: the rate limit of 100 starts per 1s is reached (100 "
                                 "started in the last 1s)"), argo.message  # healthy, saying why tasks wait
     if case.id == "Queue/operator/group-capped":
-        assert argo.message == ("group capped: 300 of 320 waiting tasks wait for their group's cap or resume; more "
-                                "replicas would not start them"), argo.message
+        assert argo.message == ("group capped: 300 of 320 waiting tasks wait for their group's cap, rate limit or "
+                                "resume; more replicas would not start them"), argo.message
 
 
 def test_every_state_argo_cd_users_expect_is_covered():

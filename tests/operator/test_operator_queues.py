@@ -166,8 +166,8 @@ def test_a_queue_wide_group_cap_reaches_redis_and_the_status_counts_the_parked(k
         capped = wait_for(lambda: (lambda c: c if c and c["status"] == "True" else None)(
             condition(get(plane, ns, "queue", "tenants"), "GroupCapped")), what="GroupCapped=True")
         assert capped["reason"] == "TasksParked"
-        assert capped["message"] == ("3 of 3 waiting tasks wait for their group's cap or resume; more replicas would "
-                                     "not start them")
+        assert capped["message"] == ("3 of 3 waiting tasks wait for their group's cap, rate limit or resume; more "
+                                     "replicas would not start them")
         body = get(plane, ns, "queue", "tenants")
         assert condition(body, "Ready")["status"] == "True"  # works as asked
         assert body["status"]["backlog"]["parked"] == 3 and body["status"]["backlog"]["waiting"] == 0

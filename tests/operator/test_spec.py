@@ -61,6 +61,19 @@ def test_a_queue_wide_group_cap_reaches_redis():
             QueueSpec.parse({**MINIMAL, "groups": {"maxActive": bad}})
 
 
+def test_a_queue_wide_group_rate_limit_reaches_redis():
+    from effectmq_operator.builders import queue_settings
+
+    spec = QueueSpec.parse({**MINIMAL, "groups": {"rateLimit": {"tasks": 5, "periodSeconds": 0.5}}})
+    assert spec.group_rate_limit == (5, 0.5) and queue_settings(spec)["group_rate_limit"] == (5, 0.5)
+    assert queue_settings(QueueSpec.parse(MINIMAL))["group_rate_limit"] is None  # none: the field removed lifts it
+    for rate, message in (({"tasks": 0, "periodSeconds": 1}, r"spec.groups.rateLimit.tasks: must be >= 1"),
+                          ({"tasks": 5}, r"spec.groups.rateLimit.periodSeconds: must be a number"),
+                          ({"tasks": 5, "periodSeconds": 86_401}, r"spec.groups.rateLimit.periodSeconds: must be <=")):
+        with pytest.raises(InvalidSpec, match=message):
+            QueueSpec.parse({**MINIMAL, "groups": {"rateLimit": rate}})
+
+
 @pytest.mark.parametrize("rate, message", [
     ({"tasks": 0, "periodSeconds": 1}, r"spec.rateLimit.tasks: must be >= 1"),
     ({"tasks": 10**9, "periodSeconds": 1}, r"spec.rateLimit.tasks: must be <= 100000"),

@@ -69,8 +69,8 @@ def test_a_queue_that_never_capped_a_group_has_no_condition():
 def test_parked_tasks_make_it_true_and_say_how_many_of_the_waiting():
     c = throttling.group_check(dataclasses.replace(IDLE, parked=300, group_caps=True))
     assert (c.type, c.status, c.reason) == ("GroupCapped", "True", "TasksParked")
-    assert c.message == ("300 of 320 waiting tasks wait for their group's cap or resume; more replicas would not "
-                         "start them")
+    assert c.message == ("300 of 320 waiting tasks wait for their group's cap, rate limit or resume; more replicas "
+                         "would not start them")
 
 
 def test_caps_that_hold_nothing_back_are_false():

@@ -174,7 +174,8 @@ async def test_a_groups_cap_and_pause_from_the_command_line(redis_url):
     capped = cli("group", "acme", "--max-active", "3", *common)
     assert capped.stdout.strip() == "group acme of queue capped: 0 running (at most 3), 1 waiting, 0 parked"
     paused = json.loads(cli("group", "acme", "--pause", "--json", *common).stdout)
-    assert paused == {"group": "acme", "waiting": 1, "active": 0, "parked": 0, "max_active": 3, "paused": True}
+    assert paused == {"group": "acme", "waiting": 1, "active": 0, "parked": 0, "max_active": 3, "paused": True,
+                      "rate_limit": None}
     assert await q.acquire() is None  # parked
     assert "0 running (at most 3), paused, 0 waiting, 1 parked" in cli("group", "acme", *common).stdout
     resumed = cli("group", "acme", "--resume", "--max-active", "-1", *common)
@@ -188,6 +189,25 @@ async def test_a_groups_cap_and_pause_from_the_command_line(redis_url):
     assert cli("group", "acme", "--queue", "nobody", "--url", redis_url).returncode != 0  # an unknown queue
     assert (await q.group_stats("acme")).max_active == 0
     await q.close()
+
+
+async def test_a_groups_rate_limit_from_the_command_line(redis_url):
+    common = ["--queue", "grouprate", "--url", redis_url]
+    assert cli("offer", "work", "1", "--group", "acme", *common).returncode == 0
+    limited = cli("group", "acme", "--rate-limit", "5/2s", *common)
+    assert limited.stdout.strip() == ("group acme of queue grouprate: 0 running (no cap), 1 waiting, 0 parked; "
+                                      "at most 5 starts in any 2s"), limited.stderr
+    shown = json.loads(cli("group", "acme", "--json", *common).stdout)
+    assert shown["rate_limit"] == [5, 2.0]
+    async with effectmq.TaskQueue("grouprate", url=redis_url) as q:
+        await q.configure(group_rate_limit=(3, 1))
+        assert "at most 3 starts in any 1s" in cli("group", "acme", "--rate-limit", "default", *common).stdout
+        off = cli("group", "acme", "--rate-limit", "off", *common)
+        assert off.stdout.strip() == "group acme of queue grouprate: 0 running (no cap), 1 waiting, 0 parked"
+        assert (await q.group_stats("acme")).rate_limit is None
+    for bad, says in ((["--rate-limit", "5"], "TASKS/PERIOD"), (["--rate-limit", "0/1s"], ">= 1")):
+        refused = cli("group", "acme", *bad, *common)
+        assert refused.returncode == 2 and says in refused.stderr and "Traceback" not in refused.stderr, bad
 
 
 async def test_rate_limit_and_hold_from_the_command_line(redis_url):

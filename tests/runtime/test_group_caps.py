@@ -316,7 +316,8 @@ async def test_a_killed_worker_frees_its_slot_by_its_stall(make_queue, redis_url
 # -- bounds, counting, and what a queue without caps pays ------------------------------------
 
 @pytest.mark.parametrize("value, problem", [
-    (-2, ">= -1"), (1.5, "integer"), (True, "integer"), ("3", "integer"), (2**31, "<= 2147483647"), (None, "integer"),
+    (-2, ">= -1"), (1.5, "integer"), (True, "integer"), ("3", "integer"), (2**31, "<= 2147483647"),
+    (None, "max_active or rate_limit"),
 ])
 async def test_a_bad_cap_is_refused_before_anything_is_sent(make_queue, value, problem):
     q = make_queue("caps-bad")
@@ -410,7 +411,7 @@ async def test_the_sync_facade_mirrors_the_group_calls(redis_url):
         assert q.pause_group("a").paused
         assert not q.resume_group("a").paused
         assert q.group_stats("a").to_json() == {"group": "a", "waiting": 0, "active": 0, "parked": 0,
-                                                "max_active": 2, "paused": False}
+                                                "max_active": 2, "paused": False, "rate_limit": None}
 
 
 @pytest.mark.redis7  # the documented users are Redis 7's

@@ -2,9 +2,11 @@
 reference model, with the protocol's invariants checked after every step. Tasks may carry
 a group: the model gives each entry into waiting its sequence number as
 lua/includes/groups.lua describes it, and checks the waiting counts per group. Groups may
-be capped or paused (lua/includes/group_caps.lua): the model counts each group's attempts
-and hands its parked tasks back as the script does; which picks acquire parked it reads
-from Redis and checks (each was waiting ahead of the lease, its group paused or full)."""
+be capped, rate-limited or paused (lua/includes/group_caps.lua): the model counts each
+group's attempts and its logged starts (a period no example outlasts: a group's limit is a
+budget of starts here) and hands its parked tasks back as the scripts do; which picks
+acquire parked it reads from Redis and checks (each was waiting ahead of the lease, its
+group paused or full)."""
 
 from __future__ import annotations
 
@@ -62,6 +64,13 @@ class Model:
     caps: dict[str, int] = field(default_factory=dict)  # a group's own cap (0: none)
     default_cap: int = 0  # the queue's group_max_active (0: none)
     paused: set[str] = field(default_factory=set)
+    group_rates: dict[str, int] = field(default_factory=dict)  # a group's own rate limit's tasks (0: none)
+    default_group_rate: int = 0  # the queue's group_rate_limit's tasks (0: none)
+    group_logged: dict[str, int] = field(default_factory=dict)  # a group's starts in group_starts
+
+    def group_rate(self, group: str) -> int:
+        """Its rate limit's tasks per RATE_PERIOD in force; 0: none."""
+        return self.group_rates.get(group, self.default_group_rate)
 
     def may_start(self) -> bool:
         return not self.held and (self.rate is None or self.logged < self.rate)
@@ -72,11 +81,16 @@ class Model:
     def running(self, group: str) -> int:
         return sum(1 for t in self.tasks.values() if t.state == "active" and t.counted and t.group == group)
 
-    def room(self, group: str) -> float:
+    def room(self, group: str, *, window: bool = True) -> float:
+        """How many more of the group may start; `window`: as a script that sees its rate
+        limit's window counts it (acquire, configure_group), else by its cap and pause only."""
         if group in self.paused:
             return 0
         cap = self.caps.get(group, self.default_cap)
-        return float("inf") if cap == 0 else max(cap - self.running(group), 0)
+        room = float("inf") if cap == 0 else max(cap - self.running(group), 0)
+        if window and self.group_rate(group):
+            room = min(room, max(self.group_rate(group) - self.group_logged.get(group, 0), 0))
+        return room
 
     def parked_in(self, group: str) -> list[str]:
         """A group's parked tasks in backlog order: their waiting score, then id."""
@@ -89,11 +103,23 @@ class Model:
 
     def freed(self, groups: list[str | None]) -> None:
         """Attempts of these groups ended in one call: for each, one parked task goes back
-        while the group has room (16 without a cap)."""
+        while the group has room by its cap (16 without a cap; none of a rate-limited group
+        without a cap: these scripts cannot see its window, and its due time is far off)."""
         for group in sorted({g for g in groups if g}):
             frees = sum(1 for g in groups if g == group)
             capped = self.caps.get(group, self.default_cap) != 0
-            self.hand_back(group, min(self.room(group), frees if capped else 16))
+            if capped or not self.group_rate(group):
+                self.hand_back(group, min(self.room(group, window=False), frees if capped else 16))
+
+    def started(self, group: str | None) -> None:
+        """A lease of `group` started: logged when its rate limit counts it; the call sweeps
+        the other group's starts, all of them when it has no limit now (group_caps.lua)."""
+        if not group or not self.counting or not self.group_rate(group):
+            return
+        self.group_logged[group] = self.group_logged.get(group, 0) + 1
+        other = "b" if group == "a" else "a"
+        if self.group_logged.get(other) and not self.group_rate(other):
+            del self.group_logged[other]
 
     def forget_idle_clocks(self) -> None:
         """A group's clock goes with its last waiting task (groups.lua)."""
@@ -210,6 +236,7 @@ class QueueMachine(RuleBasedStateMachine):
             model.logged = min(model.logged + 1, model.rate)
         assert lease is not None and lease.task_id in expected, (lease, expected, parked)
         t = model.tasks[lease.task_id]
+        model.started(t.group)
         t.state, t.token, t.expired, t.counted = "active", lease.token, False, model.counting
         t.attempt += 1
         model.seq += 1  # the lease token's sequence number, from the same counter
@@ -363,6 +390,30 @@ class QueueMachine(RuleBasedStateMachine):
         for group in ("a", "b"):
             model.hand_back(group, model.room(group))
 
+    @rule(group=st.sampled_from(["a", "b"]), rate=st.sampled_from([-1, 0, 1, 2]))
+    def rate_group(self, group, rate):
+        stats = self.run(self.q.configure_group(group, rate_limit=(rate, RATE_PERIOD) if rate > 0 else rate))
+        model = self.model
+        model.counting = model.counting or rate > 0
+        if rate < 0:
+            model.group_rates.pop(group, None)
+        else:
+            model.group_rates[group] = rate
+        model.hand_back(group, model.room(group))
+        assert (stats.active, stats.parked) == (model.running(group), len(model.parked_in(group)))
+        assert stats.rate_limit == ((model.group_rate(group), RATE_PERIOD) if model.group_rate(group) else None)
+
+    @rule(rate=st.sampled_from([0, 1, 2]))
+    def default_group_rate(self, rate):
+        model = self.model
+        was = model.default_group_rate
+        self.run(self.q.configure(group_rate_limit=(rate, RATE_PERIOD) if rate else None))
+        model.counting = model.counting or rate > 0
+        model.default_group_rate = rate
+        if was:  # a limit changed or removed: the parked tasks the limits in force let go
+            for group in ("a", "b"):
+                model.hand_back(group, model.room(group))
+
     @rule(group=st.sampled_from(["a", "b"]), pause=st.booleans())
     def pause_group(self, group, pause):
         stats = self.run(self.q.pause_group(group) if pause else self.q.resume_group(group))
@@ -400,6 +451,10 @@ class QueueMachine(RuleBasedStateMachine):
         assert counts == {g: n for g in ("a", "b") if (n := self.model.waiting_count(g))}
         running = {f[2:]: int(n) for f, n in self.raw.hgetall(base.key("group_ctl")).items() if f.startswith("a:")}
         assert running == {g: n for g in ("a", "b") if (n := self.model.running(g))}
+        logged: dict[str, int] = {}
+        for member in self.raw.zrange(base.key("group_starts"), 0, -1):
+            logged[member.split("\0")[0]] = logged.get(member.split("\0")[0], 0) + 1
+        assert logged == {g: n for g, n in self.model.group_logged.items() if n}
 
 
 def test_protocol_against_reference_model(redis_url):

@@ -14,7 +14,7 @@ import pytest
 
 from effectmq.protocol import protocol, scripts
 from effectmq.client import queue as queue_module
-from effectmq.protocol.keys import FORENSIC_KEYS, GROUP_KEYS, RATE_KEYS, QueueKeys
+from effectmq.protocol.keys import FORENSIC_KEYS, GROUP_KEYS, GROUP_RATE_KEYS, RATE_KEYS, QueueKeys
 from effectmq.protocol.protocol import SCRIPTS, AcquireStatus, Outcome
 from effectmq.protocol.settings import LUA_DEFAULTS as SETTING_DEFAULTS, lua_defaults
 
@@ -153,7 +153,7 @@ def test_header_last_keys_match_the_dataclass(operation):
     if listed and not listed.startswith("{"):  # a table named before
         listed = re.search(rf"local {listed} = (\{{.*?\}})", body).group(1)
     assert tuple(re.findall(r"'(\w+)'", listed)) == named
-    assert set(named) <= set(FORENSIC_KEYS + RATE_KEYS + GROUP_KEYS)
+    assert set(named) <= set(FORENSIC_KEYS + RATE_KEYS + GROUP_RATE_KEYS + GROUP_KEYS)
 
 
 def test_the_queue_keys_are_those_keys_lua_counts():

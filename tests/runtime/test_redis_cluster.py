@@ -113,6 +113,22 @@ async def test_group_caps_and_their_keys_work_on_a_cluster(redis_cluster):
         assert (stats.active, stats.waiting, stats.parked) == (0, 1, 1)
 
 
+async def test_a_group_rate_limit_and_its_keys_work_on_a_cluster(redis_cluster):
+    """The group rate limit's keys are the queue's too: starts logged, a pick parked, and
+    the limit removed hands it back, on a cluster."""
+    async with effectmq.TaskQueue("cluster/grate", lock_timeout=5, url=redis_cluster.url()) as q:
+        await q.configure_group("a", rate_limit=(1, 60))
+        await q.offer_many([("work", {}, {"group": "a", "task_id": f"a{i}"}) for i in range(2)])
+        leased: list = []
+        for _ in range(3):
+            leased += (await q.acquire_many(2))[0]
+        assert [lease.task_id for lease in leased] == ["a0"]
+        assert (await q.group_stats("a")).parked == 1
+        assert await q.redis.zcard(q.keys.key("group_starts")) == 1
+        stats = await q.configure_group("a", rate_limit=0)
+        assert (stats.parked, stats.waiting) == (0, 1)
+
+
 async def test_a_node_url_on_a_cluster_is_a_retryable_error_naming_the_cluster_url(redis_cluster, tmp_path):
     """Was: through one node, the queues of other masters failed with MOVED (RedisRefused:
     `effectmq worker` exited 1, a crash loop). A MOVED never reaches the user raw: a

@@ -467,6 +467,66 @@ async def configure_group_default(q):
     return act
 
 
+async def acquire_rate_parking(q):
+    """a at its rate limit: its picks parked (its due time written) while b's lease; a's
+    starts in the window counted, its start logged, its old starts and a stopped group's trimmed."""
+    await q.configure_group("a", rate_limit=(2, 60))
+    await q.offer_many([("t", i, {"task_id": f"a{i}", "group": "a"}) for i in range(4)] +
+                       [("t", "b", {"task_id": "b0", "group": "b"})])
+    await q.acquire_many(1)  # a0
+    await q.redis.zadd(q.keys.key("group_starts"), {"a\0000000000000001\0" + "1": 0,  # long gone
+                                                    "c\0000000000000001\0" + "2": 0})  # a stopped group's: swept
+    reset = _remembering(q.engine)
+
+    async def act():
+        reset()
+        leases, next_due = await q.acquire_many(4)
+        return sorted(lease.task_id for lease in leases), next_due is not None
+    return act
+
+
+async def acquire_rate_due(q):
+    """a's window allows a start again: its parked tasks go back (and, in the same call, its
+    attempt's end sent along hands back after them)."""
+    await q.configure_group("a", rate_limit=(1, 0.05))
+    await q.offer_many([("t", i, {"task_id": f"a{i}", "group": "a"}) for i in range(4)] +
+                       [("t", "b", {"task_id": "b0", "group": "b"})])
+    (first,), _ = await q.acquire_many(1)  # a0
+    for _ in range(3):
+        await q.acquire_many(4)  # b0 leased, the other a's parked
+    await asyncio.sleep(0.1)
+    reset = _remembering(q.engine)
+
+    async def act():
+        reset()
+        outcomes, leases = await q.engine.complete_and_acquire([(first, "null")], 2)
+        return [int(o) for o in outcomes], sorted(x.task_id for x in leases)
+    return act
+
+
+async def group_rate_removed(q):
+    await q.configure_group("a", rate_limit=(1, 60))
+    await q.offer_many([("t", i, {"task_id": f"a{i}", "group": "a"}) for i in range(4)])
+    for _ in range(3):
+        await q.acquire_many(4)  # a0 leased, the others parked
+
+    async def act():
+        return (await q._scripts.run(protocol.ConfigureGroupArgs("a", rate_limit="0", batch=2))).more
+    return act
+
+
+async def group_rate_set(q):
+    async def act():
+        return (await q.configure_group("a", rate_limit=(3, 1))).rate_limit
+    return act
+
+
+async def configure_group_rate_default(q):
+    async def act():
+        await q.configure(group_rate_limit=(5, 1))
+    return act
+
+
 async def configure_settings(q):
     async def act():
         await q.configure(max_active=3, paused=True, retention_completed=60)
@@ -577,6 +637,11 @@ SCENARIOS = [
     Scenario("configure_group", "pause", pause_group),
     Scenario("configure_group", "default-raised", default_cap_raised, {"lock_timeout": 60}),
     Scenario("configure", "group-default", configure_group_default),
+    Scenario("acquire", "rate-parking", acquire_rate_parking, {"lock_timeout": 60}),
+    Scenario("acquire", "rate-due", acquire_rate_due, {"lock_timeout": 60}),
+    Scenario("configure_group", "rate-removed", group_rate_removed, {"lock_timeout": 60}),
+    Scenario("configure_group", "rate-set", group_rate_set),
+    Scenario("configure", "group-rate-default", configure_group_rate_default),
 ]
 
 

@@ -21,7 +21,7 @@ from typing import Any
 TRACE_KEY = "effectmq-test:trace"
 # The commands the scripts use that write (Redis's own `write` flag).
 WRITES = frozenset({
-    "HSET", "HSETNX", "HDEL", "HINCRBY", "ZADD", "ZREM", "ZREMRANGEBYRANK", "ZREMRANGEBYSCORE", "DEL",
+    "HSET", "HSETNX", "HDEL", "HINCRBY", "ZADD", "ZREM", "ZREMRANGEBYRANK", "ZREMRANGEBYSCORE", "ZREMRANGEBYLEX", "DEL",
     "SET", "INCR", "INCRBY", "XADD", "RPUSH", "EXPIRE", "PEXPIRE", "SETEX", "PSETEX", "UNLINK",
 })
 

@@ -5,8 +5,8 @@ KEYS: the queue keys of keys.lua, then candidates: the task hashes of ids an ear
   named (ready or due), or a wake message, or the caller's own offers; a call with none
   only names them. Before the candidates: the task hash of each completion's id, in order;
   after them: the receipt key of `receipt` and of each id in `resent` (use_receipts).
-Last KEYS: starts, group_ctl, backlog
-  (group_ctl and backlog only once the caller knows the queue counts its groups: group_caps.lua)
+Last KEYS: starts, group_starts, group_due, group_ctl, backlog
+  (all but starts only once the caller knows the queue counts its groups: group_caps.lua)
 ARGV[1] count            how many tasks the caller can run now
 ARGV[2] lock_timeout_ms  lease length (the queue's meta lock_timeout_ms wins when set)
 ARGV[3] token_prefix     random per-process prefix; the token is prefix..":"..seq
@@ -26,9 +26,11 @@ Candidates that are due delayed tasks are promoted first, and may be leased at o
 Leases follow head order (priority, then FIFO): the first `count` candidates still
 waiting, so a caller that declares more than it needs still gets its count when
 other workers took some of them. A candidate whose group is paused or at its cap is
-parked instead (group_caps.lua), and the next one is looked at.
+parked instead (group_caps.lua), and the next one is looked at; so is one whose group's rate
+limit allows no start now, and the call hands back the parked tasks of groups now due.
 Returns: {now, deadline, next_due, status, ready, due, outcomes, leases...}
-  next_due: -1 = no delayed task; when rate_limited: the Redis time the next start is allowed
+  next_due: -1 = no delayed task and no group due; else the Redis time the next delayed task
+  or rate-limited group is due; when rate_limited: the Redis time the next start is allowed
   status: "ok" | "paused" | "limited" (max_active reached) | "rate_limited" (the rate limit
   allows no start now, or starts are held: rate.lua)
   ready: at most `peek` waiting ids for this caller's next call: the candidates it did
@@ -52,11 +54,18 @@ leases...: 11 values each: id, token, attempt, name, payload, handler_failure_co
 --- @include "names"
 --- @include "group_caps"
 local MAX_PROMOTE_BATCH = 1000  -- the client's bound too (protocol.MAX_PROMOTE_BATCH)
+local GROUPS_DUE = 8  -- rate-limited groups a call hands parked tasks back to, at most
 local group_keys = group_key_count()
 if not group_keys then return group_keys_refused() end
 local now = now_ms()
 local retention = meta_num('retention_completed_ms', ARGV[7])
-local last_keys = group_keys > 0 and declared_last({'starts', 'group_ctl', 'backlog'}) or declared_last({'starts'})
+local last_keys
+if group_keys > 0 then  -- and the group rate limits' two
+  group_keys = group_keys + 2
+  last_keys = declared_last({'starts', 'group_starts', 'group_due', 'group_ctl', 'backlog'})
+else
+  last_keys = declared_last({'starts'})
+end
 local K_STARTS = last_keys.starts
 local caps = use_caps(last_keys)  -- nil: no group has a cap or a pause
 local receipts = use_receipts(ARGV[8], ARGV[9], 1 + group_keys)
@@ -176,11 +185,13 @@ else
   for i, id in ipairs(picks) do pick_scores[i] = score_of[id] end  -- the scores in the same order
 end
 local taking = math.min(count, #picks)  -- the first picks
+local rated  -- id -> group of the leases a group's rate limit counts (group_caps.lua)
 local passed = taking  -- the first picks that leave waiting: those leased, then those parked
 if caps and taking > 0 then
   -- The picks whose group may start one more, up to `count`; those of a group paused or at
   -- its cap are parked (group_caps.lua). Order: leased, parked, then those not looked at.
   local leasing, parked, rest = {}, {}, #picks + 1
+  rated = {}  -- id -> its group, for the leases its group's rate limit logs
   for i = 1, #picks do
     if #leasing >= count then
       rest = i
@@ -192,6 +203,7 @@ if caps and taking > 0 then
       parked[#parked + 1] = i
     else
       leasing[#leasing + 1] = i
+      if group and group ~= '' and caps.groups[group].started then rated[picks[i]] = group end
     end
   end
   taking, passed = #leasing, #leasing + #parked
@@ -235,6 +247,9 @@ if taking > 0 then
       if rate_tasks then
         starts[#starts + 1] = now_text()
         starts[#starts + 1] = seq_text
+      end
+      if rated and rated[id] then
+        write('ZADD', caps.starts, '0', rated[id] .. '\0' .. string.format(GROUP_TIME_DIGITS, now) .. '\0' .. seq_text)
       end
       out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = id, token, attempt, f[2], f[3]
       out[n + 6], out[n + 7] = f[4], f[5]
@@ -299,6 +314,31 @@ elseif #named < peek then
   end
 end
 out[3] = next_due()
+if caps then  -- the rate-limited groups due now get their parked tasks back; the next due tells the caller
+  local due = redis.call('ZRANGE', caps.due, '0', int_text(GROUPS_DUE), 'WITHSCORES')
+  local next_group = nil
+  for i = 1, #due, 2 do
+    local at = tonumber(due[i + 1])
+    if at > now or i > 2 * GROUPS_DUE then
+      next_group = at
+      break
+    end
+    local e = group_state(caps, due[i])
+    local room = math.min(group_room(e), 1000)
+    local handed = hand_back(caps, e.group, room)
+    if handed == room and e.started and rate_room(e) <= room then
+      e.due = rate_due(caps, e, handed)  -- its window is full again once these start
+    elseif handed == 1000 then
+      e.due = now
+    elseif not e.due then
+      write('ZREM', caps.due, e.group)
+    end
+  end
+  for _, e in ipairs(caps.order) do
+    if e.due and (next_group == nil or e.due < next_group) then next_group = e.due end
+  end
+  if next_group and (out[3] < 0 or next_group < out[3]) then out[3] = next_group end
+end
 if out[3] >= 0 and out[3] <= now then  -- some delayed tasks are due: name them (a bounded batch)
   local batch = int_text(math.max(1, math.min(tonumber(ARGV[4]) or 100, MAX_PROMOTE_BATCH)))
   local due = redis.call('ZRANGE', K_DELAYED, '-inf', now_text(), 'BYSCORE', 'LIMIT', '0', batch)

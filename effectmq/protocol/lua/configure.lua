@@ -4,9 +4,9 @@ ARGV[1...] settings...: 2 values each: field, value
   an empty value removes the field (back to the default).
   Fields: paused, max_active, rate_limit, max_retries, max_stalled_count, lock_timeout_ms,
   retention_completed_ms, retention_failed_ms, dedup_window_ms, events_maxlen, events_always,
-  sensitive, retry, group_max_active; events_until (TaskQueue.want_events).
-  A group_max_active above 0 on a queue that counts no group's attempts yet starts the
-  counting (meta group_caps: group_caps.lua).
+  sensitive, retry, group_max_active, group_rate_limit; events_until (TaskQueue.want_events).
+  A group_max_active above 0 or a group_rate_limit on a queue that counts no group's
+  attempts yet starts the counting (meta group_caps: group_caps.lua).
 Returns: written  the number of fields written. Wakes idle workers (resume, a larger
   max_active).
 ]]
@@ -22,7 +22,9 @@ for i = 1, #ARGV, 2 do
   write('HDEL', K_META, ARGV[i])
   if ARGV[i + 1] ~= '' then write('HSET', K_META, ARGV[i], ARGV[i + 1]) end
   call.meta[ARGV[i]] = ARGV[i + 1]
-  if ARGV[i] == 'group_max_active' and (tonumber(ARGV[i + 1]) or 0) > 0 and meta_value('group_caps') == nil then
+  local counts = (ARGV[i] == 'group_max_active' and (tonumber(ARGV[i + 1]) or 0) > 0) or
+    (ARGV[i] == 'group_rate_limit' and ARGV[i + 1] ~= '')
+  if counts and meta_value('group_caps') == nil then
     local seq = redis.call('GET', K_SEQ) or '0'
     write('HSET', K_META, 'group_caps', seq)
     call.meta.group_caps = seq
