@@ -313,7 +313,7 @@ async def test_the_groups_section_and_the_parked_list(redis_url, start_dashboard
         assert f'href="/queues/tenants?state=parked&amp;group={quote(NASTY_GROUP, safe="")}"' in page
 
 
-async def test_a_groups_name_shows_as_text_in_a_real_browser(redis_url, start_dashboard, browser):
+async def test_a_groups_name_shows_as_text_in_a_real_browser(redis_url, start_dashboard, browser, screenshot_dir):
     await tenants(redis_url)
     dash = await start_dashboard(redis_url)
     page = await browser.new_page()
@@ -333,5 +333,6 @@ async def test_a_groups_name_shows_as_text_in_a_real_browser(redis_url, start_da
     assert await page.locator("#group-table tr.looked-up td.id a").text_content() == NASTY_GROUP
     assert await page.locator("#group-table tbody tr:not(.looked-up) td.id a").all_text_contents() == ["busy", "few"]
     assert await page.locator("#tasks td.group").all_text_contents() == [NASTY_GROUP] * 3
+    await page.screenshot(path=str(screenshot_dir / "queue-groups.png"), full_page=True)
     assert await page.locator("img, main script:not([type=\"application/json\"])").count() == 0
     assert dialogs == []
