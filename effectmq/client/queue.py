@@ -173,7 +173,8 @@ def offer_argv(task_name: str, payload: Any, *, task_id: str | None = None, dela
 
 
 def parked_id(member: str) -> str:
-    """The task id in a member of the backlog: group.."\0"..position (PARKED_POSITION_DIGITS)..id."""
+    """The task id in a member of the backlog: group.."\0"..position (PARKED_POSITION_DIGITS)..id
+    (a member that is not UTF-8 decoded with surrogateescape: its id names its key again)."""
     return member.split("\0", 1)[1][PARKED_POSITION_DIGITS:]
 
 
@@ -611,15 +612,15 @@ class TaskQueue(OwnsConnection):
         back; `group`: that group's only. At most `limit` (MAX_LIST) from `offset` on."""
         check_number("limit", limit, minimum=1, integer=True, allow_none=False, maximum=MAX_LIST)
         check_number("offset", offset, minimum=0, integer=True, allow_none=False, maximum=MAX_COUNT)
-        backlog = self.keys.key("backlog")
-        with self._redis_errors:
-            if group is None:
-                members: Any = await self.redis.zrange(backlog, offset, offset + limit - 1)
-            else:  # a group's members are a lex range (lua/includes/group_caps.lua has the layout)
-                check_group(group)
-                members = await self.redis.zrange(backlog, f"[{group}\0", f"({group}\x01", bylex=True,
-                                                  offset=offset, num=limit)
-        return [parked_id(member) for member in members]
+        if group is None:
+            command = ["ZRANGE", self.keys.key("backlog"), offset, offset + limit - 1]
+        else:  # a group's members are a lex range (lua/includes/group_caps.lua has the layout)
+            check_group(group)
+            command = ["ZRANGE", self.keys.key("backlog"), f"[{group}\0", f"({group}\x01", "BYLEX", "LIMIT",
+                       offset, limit]
+        with self._redis_errors:  # undecoded: an id written by another client may not be UTF-8
+            members: Any = await self.redis.execute_command(*command, NEVER_DECODE=True)
+        return [parked_id(member.decode(errors="surrogateescape")) for member in members]
 
     async def parked_tasks(self, group: str | None = None, *, limit: int = 100, offset: int = 0) -> list[TaskInfo]:
         """The parked tasks of parked_ids, whole (a parked task says state waiting); the
@@ -722,7 +723,7 @@ class TaskQueue(OwnsConnection):
         with self._redis_errors:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for tid in ids:
-                    pipe.execute_command("HGETALL", self.keys.task(tid), NEVER_DECODE=True)
+                    pipe.execute_command("HGETALL", protocol.wire(self.keys.task(tid)), NEVER_DECODE=True)
                 hashes = await pipe.execute()
         return [models.parse_task(tid, protocol.decode_hash(h)) for tid, h in zip(ids, hashes) if h]
 

@@ -112,6 +112,11 @@ async def test_the_groups_section_reads_one_page_of_groups_and_parked_rows_read_
             assert big not in body and sent_bytes(server) - sent < 200_000, path  # parked rows: no payload (7.5 MB)
         status, body = await get(http, dash.url("/api/queues/many?state=parked&limit=30"))
         assert status == 200 and body.count('"group": "held"') == 30
+        raw = server.client()  # an id another client wrote, not UTF-8: the list still answers
+        raw.hset(b"{emq:many}:t:x\xff", mapping={"name": "job", "state": "waiting", "group": "held"})
+        raw.zadd(b"{emq:many}:backlog", {b"held\0" + b"0" * 16 + b"x\xff": 0})
+        status, body = await get(http, dash.url("/api/queues/many?state=parked&group=held&limit=2"))
+        assert status == 200 and '"tasks": [{"task_id": "x\\\\udcff", "name": "job", "state": "waiting"' in body, body
 
 
 # -- Low: one bad record or key fails one thing at most ------------------------------------------

@@ -228,6 +228,15 @@ async def test_parked_tasks_are_listed_by_group_in_the_order_they_go_back(make_q
     await q.resume_group("a")
     assert await q.parked_ids("a") == [] and len(await q.parked_ids()) == 8
     await invariants(q)
+    raw = aioredis.Redis.from_url(q.url)  # an id another client wrote, not UTF-8: listed, its key named again
+    try:
+        key = q.keys.task("x\udcff").encode(errors="surrogateescape")
+        await raw.hset(key, mapping={"name": "job", "state": "waiting"})
+        await raw.zadd(q.keys.key("backlog"), {b"ab\0" + b"0" * 16 + b"x\xff": 0})
+    finally:
+        await raw.aclose()
+    assert (await q.parked_ids("ab"))[0] == "x\udcff"
+    assert [(t.task_id, t.name) for t in await q.parked_tasks("ab", limit=1)] == [("x\udcff", "job")]
 
 
 async def test_raising_or_removing_a_cap_hands_back_what_it_allows(make_queue):
