@@ -336,6 +336,23 @@ async def cmd_group(args) -> int:
     return 0
 
 
+async def cmd_parked(args) -> int:
+    async with _known_queue(args) as q:
+        tasks = await q.parked_tasks(args.group, limit=args.limit, offset=args.offset)
+    rows = [t.to_json() for t in tasks]
+
+    def table(rows: list[dict]) -> str:
+        if not rows:
+            return "no parked tasks" + (f" of group {args.group}" if args.group is not None else "")
+        out = [f"{'TASK ID':<36} {'GROUP':<20} {'NAME':<20} {'PRIORITY':>8}  CREATED"]
+        out += [f"{r['task_id']:<36} {r['group']:<20} {r['name']:<20} {r['priority']:>8}  {r['created_at']}"
+                for r in rows]
+        return "\n".join(out)
+
+    emit(args, rows, table)
+    return 0
+
+
 async def cmd_hold(args) -> int:
     async with _known_queue(args) as q:
         held_for = await q.hold_starts(args.seconds)
@@ -468,6 +485,14 @@ def build_parser() -> argparse.ArgumentParser:
     pause.add_argument("--resume", action="store_true", help="start its tasks again")
     _queue_args(g)
     g.set_defaults(run=cmd_group)
+    k = sub.add_parser("parked", help="list the tasks held back by their group's cap, rate limit or pause",
+                       description="List parked tasks (state waiting, held back by their group's cap, rate limit "
+                       "or pause) by group name, each group's in the order they go back to waiting.")
+    k.add_argument("--group", help="only this group's; default: every group's")
+    k.add_argument("--limit", type=int, default=50, help="tasks listed at most")
+    k.add_argument("--offset", type=int, default=0, help="tasks skipped first")
+    _queue_args(k)
+    k.set_defaults(run=cmd_parked)
     h = sub.add_parser("hold", help="start no task of a queue for a while (a downstream service said 429)")
     h.add_argument("seconds", type=float, help="how long, by Redis time; a hold is only ever extended, at most a day")
     _queue_args(h)

@@ -45,6 +45,8 @@ DEFAULT_DEDUP_WINDOW = default("dedup_window")
 MAX_PRIORITY = 1000
 MAX_ID_LENGTH = 512
 MAX_GROUP_BYTES = 128  # a task group's name, in bytes of UTF-8
+# The digits of a parked task's position in its backlog member (lua/includes/group_caps.lua).
+PARKED_POSITION_DIGITS = 16
 # Groups a groups() page lists at most.
 MAX_GROUPS_PAGE = 1000
 # The largest payload an offer takes, in bytes of its JSON (UTF-8), unless the TaskQueue
@@ -168,6 +170,12 @@ def offer_argv(task_name: str, payload: Any, *, task_id: str | None = None, dela
         tracing.check_trace(trace),
         group or "",
     )
+
+
+def parked_id(member: str) -> str:
+    """The task id in a member of the backlog: group.."\0"..position (PARKED_POSITION_DIGITS)..id
+    (a member that is not UTF-8 decoded with surrogateescape: its id names its key again)."""
+    return member.split("\0", 1)[1][PARKED_POSITION_DIGITS:]
 
 
 def check_group(group: Any) -> str:
@@ -603,6 +611,27 @@ class TaskQueue(OwnsConnection):
         names = [str(group) for group, _ in cast("list[tuple[str, float]]", page)]
         return await self._group_stats(names) if names else []
 
+    async def parked_ids(self, group: str | None = None, *, limit: int = 100, offset: int = 0) -> list[str]:
+        """The ids of parked tasks (held back by their group's cap, rate limit or pause, still in state
+        waiting) in the backlog's order: by group name, each group's in the order they go
+        back; `group`: that group's only. At most `limit` (MAX_LIST) from `offset` on."""
+        check_number("limit", limit, minimum=1, integer=True, allow_none=False, maximum=MAX_LIST)
+        check_number("offset", offset, minimum=0, integer=True, allow_none=False, maximum=MAX_COUNT)
+        if group is None:
+            command = ["ZRANGE", self.keys.key("backlog"), offset, offset + limit - 1]
+        else:  # a group's members are a lex range (lua/includes/group_caps.lua has the layout)
+            check_group(group)
+            command = ["ZRANGE", self.keys.key("backlog"), f"[{group}\0", f"({group}\x01", "BYLEX", "LIMIT",
+                       offset, limit]
+        with self._redis_errors:  # undecoded: an id written by another client may not be UTF-8
+            members: Any = await self.redis.execute_command(*command, NEVER_DECODE=True)
+        return [parked_id(member.decode(errors="surrogateescape")) for member in members]
+
+    async def parked_tasks(self, group: str | None = None, *, limit: int = 100, offset: int = 0) -> list[TaskInfo]:
+        """The parked tasks of parked_ids, whole (a parked task says state waiting); the
+        counts are QueueStats.parked and GroupStats.parked."""
+        return await self._read_tasks(await self.parked_ids(group, limit=limit, offset=offset))
+
     async def configure_group(self, group: str, *, max_active: int | None = None,
                               rate_limit: tuple[int, float] | int | None = None) -> GroupStats:
         """Cap the attempts of `group` running at once, across every worker: max_active > 0 a
@@ -704,9 +733,16 @@ class TaskQueue(OwnsConnection):
         check_number("offset", offset, minimum=0, integer=True, allow_none=False, maximum=MAX_COUNT)
         with self._redis_errors:
             ids: Any = await self.redis.zrange(self.keys.key(state), offset, offset + limit - 1)
+        return await self._read_tasks(ids)
+
+    async def _read_tasks(self, ids: Sequence[str]) -> list[TaskInfo]:
+        """The tasks' whole records, in one round trip; ids whose record is gone are left out."""
+        if not ids:
+            return []
+        with self._redis_errors:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for tid in ids:
-                    pipe.execute_command("HGETALL", self.keys.task(tid), NEVER_DECODE=True)
+                    pipe.execute_command("HGETALL", protocol.wire(self.keys.task(tid)), NEVER_DECODE=True)
                 hashes = await pipe.execute()
         return [models.parse_task(tid, protocol.decode_hash(h)) for tid, h in zip(ids, hashes) if h]
 

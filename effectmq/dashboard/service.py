@@ -75,6 +75,11 @@ class _Scan:
             with contextlib.suppress(BaseException):
                 await self._flight
 
+
+async def _none() -> None:
+    return None
+
+
 class UnknownQueue(EffectMQError, LookupError):
     """A queue this dashboard does not show (not given with --queue, or not found)."""
 
@@ -250,11 +255,18 @@ class DashboardService:
         # read on every request: a queue marked sensitive is hidden from the next page on
         return bool((await q.settings()).get("sensitive"))
 
-    async def tasks(self, name: str, state: str, offset: int, limit: int, search: str) -> dict:
+    async def tasks(self, name: str, state: str, offset: int, limit: int, search: str,
+                    group: str | None = None) -> dict:
+        """A page of one list; `group` narrows the parked list to that group's."""
         q = await self.known_queue(name)
         summary = await self.summary(name)
+        total = summary[state] if state in (views.POISON, views.PARKED) else summary["counts"][state]
         if search:
             ids: list = [search]
+        elif state == views.PARKED:
+            ids = await q.parked_ids(group, limit=limit, offset=offset)
+            if group is not None:
+                total = (await q.group_stats(group)).parked
         else:
             # the poison list: the most recent pod deaths first (its scores are their times)
             command = "ZREVRANGE" if state == views.POISON else "ZRANGE"
@@ -262,10 +274,19 @@ class DashboardService:
                 ids = await self.redis.execute_command(command, q.keys.key(state), offset, offset + limit - 1,
                                                        NEVER_DECODE=True)
         rows = [views.task_row(info, sensitive=summary["sensitive"]) for info in await self._list_records(q, ids)]
-        total = summary["poison"] if state == views.POISON else summary["counts"][state]
         page = views.Page(0, limit, len(rows)) if search else views.Page(offset, limit, total)
-        return {"queue": summary, "state": state, "search": search, "tasks": rows, "page": page.to_json(),
-                "_page": page}
+        return {"queue": summary, "state": state, "search": search, "group": group, "tasks": rows,
+                "page": page.to_json(), "_page": page}
+
+    async def groups(self, name: str, offset: int, limit: int, group: str | None = None) -> dict:
+        """The queue page's groups section (views.groups_section): a page of the groups with
+        waiting tasks, busiest first, and the group the page names."""
+        q = await self.known_queue(name)
+        with self._redis_errors:
+            total = await self.redis.zcard(q.keys.key("groups"))  # the groups with waiting tasks
+        shown, looked_up = await asyncio.gather(q.groups(offset=offset, count=limit),
+                                                q.group_stats(group) if group is not None else _none())
+        return views.groups_section(shown, views.Page(offset, limit, total), looked_up)
 
     async def _list_records(self, q: TaskQueue, ids: list) -> list:
         """The tasks of a list, each read with the fields its row shows (HMGET), never

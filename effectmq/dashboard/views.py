@@ -7,6 +7,7 @@ here once.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -15,7 +16,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..protocol import codec
 from ..errors import CANCELED, STALLED, TIMEOUT
 from ..protocol.keys import INDEXES
-from ..client.models import QueueStats, TaskInfo, ThroughputPoint
+from ..client.models import GroupStats, QueueStats, TaskInfo, ThroughputPoint
+from ..client.queue import check_group
 from ..protocol.protocol import MAX_COUNT, POISON_KILLS
 
 # What a sensitive queue's values are shown as (payload, result, progress, error data).
@@ -28,8 +30,8 @@ ENGINE_TAGS = frozenset({STALLED, CANCELED, TIMEOUT})
 # Task fields that carry user values (hidden on a sensitive queue).
 VALUE_FIELDS = ("payload", "result", "progress")
 # The task hash fields a row of a list shows (read with HMGET: never a payload).
-LIST_FIELDS = ("name", "state", "attempt", "priority", "handler_failure_count", "stalled_attempt_count", "error",
-               "created_at", "finished_at")
+LIST_FIELDS = ("name", "state", "group", "attempt", "priority", "handler_failure_count", "stalled_attempt_count",
+               "error", "created_at", "finished_at")
 # Stored JSON fields of a task hash.
 # Values nested deeper are not shown: JSON encoding inside a page would hit Python's recursion limit.
 MAX_SHOWN_DEPTH = 100
@@ -38,10 +40,19 @@ EVENT_FIELDS = ("event", "id", "at", "attempt", "was", "name", "kind", "retry_at
 # The list of tasks whose attempts killed their worker's pod POISON_KILLS times or more
 # (the queue's poison set, most recent first), shown beside the state lists.
 POISON = "poison"
-LISTS = (*INDEXES, POISON)
+# The list of tasks parked by their group's cap or pause (state waiting, out of the waiting
+# index): by group name, each group's in the order they go back (TaskQueue.parked_ids).
+PARKED = "parked"
+LISTS = (*INDEXES, POISON, PARKED)
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
 MAX_OFFSET = MAX_COUNT  # where a list may start (Redis takes int64; the engine bounds offsets so)
+# The groups section: the busiest groups first (TaskQueue.groups), a page of them; each
+# costs its page a few reads.
+DEFAULT_GROUPS_PAGE = 20
+MAX_GROUPS_PAGE = 200
+# A group's columns: every GroupStats field (a field added there shows as a column).
+GROUP_COLUMNS = tuple(f.name for f in dataclasses.fields(GroupStats) if f.name != "group")
 
 
 def iso(value: datetime | None) -> str | None:
@@ -93,6 +104,8 @@ def queue_summary(stats: QueueStats, settings: Mapping[str, Any], workers: Mappi
         "name": stats.queue,
         "counts": {state: getattr(stats, state) for state in INDEXES},
         "poison": poison,
+        "parked": stats.parked,
+        "group_caps": stats.group_caps,
         "oldest_waiting_seconds": round(stats.oldest_waiting_seconds, 3),
         "oldest_waiting": human_age(stats.oldest_waiting_seconds) if stats.waiting else "-",
         "paused": stats.paused,
@@ -134,6 +147,7 @@ def task_row(info: TaskInfo, *, sensitive: bool = False) -> dict:
     """A task in a list: no values; on a sensitive queue no message either."""
     return {
         "task_id": codec.text(info.task_id), "name": codec.text(info.name), "state": info.state,
+        "group": None if info.group is None else codec.text(info.group),
         "attempt": info.attempt, "priority": info.priority, "handler_failure_count": info.handler_failure_count,
         "stalled_attempt_count": info.stalled_attempt_count,
         "error": {"tag": codec.text(info.error.tag), "message": error_message(info.error, sensitive)}
@@ -261,19 +275,69 @@ class BadRequest(ValueError):
     """A query parameter outside what the dashboard accepts (HTTP 400)."""
 
 
-def parse_listing(query: Mapping[str, str]) -> tuple[str, int, int, str]:
-    """state (a state index, or POISON), offset, limit and search of a list's query string."""
+def _paging(query: Mapping[str, str], prefix: str, default: int, most: int) -> tuple[int, int]:
+    """offset and limit, under their names with `prefix`, of a query string."""
+    names = f"{prefix}offset", f"{prefix}limit"
+    try:
+        offset = int(query.get(names[0]) or 0)
+        limit = int(query.get(names[1]) or default)
+    except ValueError:
+        raise BadRequest(f"{names[0]} and {names[1]} must be integers") from None
+    if not 0 <= offset <= MAX_OFFSET or not 1 <= limit <= most:
+        raise BadRequest(f"{names[0]} must be between 0 and {MAX_OFFSET} and {names[1]} between 1 and {most}")
+    return offset, limit
+
+
+def parse_group(query: Mapping[str, str]) -> str | None:
+    """The group a page names (?group=): it narrows the parked list and is looked up in
+    the groups section; None: none."""
+    group = query.get("group")
+    if not group:
+        return None
+    try:
+        return check_group(group)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def parse_listing(query: Mapping[str, str]) -> tuple[str, int, int, str, str | None]:
+    """state (a state index, POISON or PARKED), offset, limit, search and group (parse_group)
+    of a list's query string."""
     state = query.get("state") or "waiting"
     if state not in LISTS:
         raise BadRequest(f"unknown state {state!r}; known: {', '.join(LISTS)}")
-    try:
-        offset = int(query.get("offset") or 0)
-        limit = int(query.get("limit") or DEFAULT_PAGE)
-    except ValueError:
-        raise BadRequest("offset and limit must be integers") from None
-    if not 0 <= offset <= MAX_OFFSET or not 1 <= limit <= MAX_PAGE:
-        raise BadRequest(f"offset must be between 0 and {MAX_OFFSET} and limit between 1 and {MAX_PAGE}")
-    return state, offset, limit, (query.get("search") or "").strip()
+    offset, limit = _paging(query, "", DEFAULT_PAGE, MAX_PAGE)
+    return state, offset, limit, (query.get("search") or "").strip(), parse_group(query)
+
+
+def parse_groups_page(query: Mapping[str, str]) -> tuple[int, int]:
+    """offset and limit of the groups section (?groups_offset=&groups_limit=)."""
+    return _paging(query, "groups_", DEFAULT_GROUPS_PAGE, MAX_GROUPS_PAGE)
+
+
+def group_fact(name: str, value: Any) -> str:
+    """One GroupStats value as a cell shows it."""
+    if name == "max_active":
+        return str(value) if value else "none"
+    if name == "rate_limit":  # [tasks, period_seconds], as the JSON says it
+        return f"{value[0]} per {value[1]:g}s" if value else "none"
+    if isinstance(value, bool):
+        return "yes" if value else ""
+    return "-" if value is None else str(value)
+
+
+def group_row(stats: GroupStats) -> dict:
+    """A group's line: its GroupStats (as its JSON says them) and `shown`, each column's text."""
+    values = stats.to_json()
+    return {**values, "shown": {name: group_fact(name, values.get(name, getattr(stats, name)))
+                                for name in GROUP_COLUMNS}}
+
+
+def groups_section(groups: Sequence[GroupStats], page: Page, looked_up: GroupStats | None) -> dict:
+    """The queue page's groups: a page of the busiest (`page.total`: the groups with waiting
+    tasks), and the group the page names, if any (it may have none waiting: all parked)."""
+    return {"columns": list(GROUP_COLUMNS), "rows": [group_row(g) for g in groups], "page": page.to_json(),
+            "group": group_row(looked_up) if looked_up is not None else None}
 
 
 @dataclass(frozen=True)

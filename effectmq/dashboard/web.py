@@ -215,9 +215,13 @@ async def overview(request: web.Request) -> web.Response:
 async def queue_page(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     name = request.match_info["queue"]
-    state, offset, limit, search = views.parse_listing(request.query)
-    listing, notes = await asyncio.gather(service.tasks(name, state, offset, limit, search), service.redis_notes())
+    state, offset, limit, search, group = views.parse_listing(request.query)
+    groups_offset, groups_limit = views.parse_groups_page(request.query)
+    listing, groups, notes = await asyncio.gather(service.tasks(name, state, offset, limit, search, group),
+                                                  service.groups(name, groups_offset, groups_limit, group),
+                                                  service.redis_notes())
     page = listing.pop("_page")
+    listing["groups"] = groups
     listing["schedules"] = await service.schedules(queue=name)
     listing["redis"] = {"notes": notes}
     if _wants_json(request):

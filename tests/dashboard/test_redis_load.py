@@ -87,6 +87,38 @@ async def test_a_list_page_reads_only_the_fields_it_shows(make_redis, start_dash
         assert sent_bytes(server) - before > len(big)
 
 
+async def test_the_groups_section_reads_one_page_of_groups_and_parked_rows_read_no_payload(make_redis,
+                                                                                          start_dashboard):
+    from effectmq.dashboard.views import DEFAULT_GROUPS_PAGE
+
+    server = make_redis()
+    big = "x" * (256 * 1024)
+    async with TaskQueue("many", url=server.url) as q:
+        await q.pause_group("held")
+        await q.offer_many([("job", {"blob": big}, {"group": "held", "task_id": f"h{i}"}) for i in range(30)])
+        assert (await q.acquire_many(30))[0] == []  # all 30 parked
+        await q.offer_many([("job", {}, {"group": f"g{i:03}", "task_id": f"t{i}"}) for i in range(300)])
+    dash = await start_dashboard(server.url)
+    async with aiohttp.ClientSession() as http:
+        await get(http, dash.url("/api/queues"))  # discovery, scripts loaded
+        for path, groups_read in (("/api/queues/many", DEFAULT_GROUPS_PAGE), ("/queues/many?groups_limit=5", 5),
+                                  # the group named: its row and the parked list's total
+                                  ("/api/queues/many?state=parked&limit=30&group=held", DEFAULT_GROUPS_PAGE + 2),
+                                  ("/queues/many?state=parked&limit=30&groups_offset=290", 10)):
+            before, sent = calls(server, "zlexcount"), sent_bytes(server)
+            status, body = await get(http, dash.url(path))
+            assert status == 200, (path, body[:300])
+            assert calls(server, "zlexcount") - before == groups_read, path  # one per group shown: 300 exist
+            assert big not in body and sent_bytes(server) - sent < 200_000, path  # parked rows: no payload (7.5 MB)
+        status, body = await get(http, dash.url("/api/queues/many?state=parked&limit=30"))
+        assert status == 200 and body.count('"group": "held"') == 30
+        raw = server.client()  # an id another client wrote, not UTF-8: the list still answers
+        raw.hset(b"{emq:many}:t:x\xff", mapping={"name": "job", "state": "waiting", "group": "held"})
+        raw.zadd(b"{emq:many}:backlog", {b"held\0" + b"0" * 16 + b"x\xff": 0})
+        status, body = await get(http, dash.url("/api/queues/many?state=parked&group=held&limit=2"))
+        assert status == 200 and '"tasks": [{"task_id": "x\\\\udcff", "name": "job", "state": "waiting"' in body, body
+
+
 # -- Low: one bad record or key fails one thing at most ------------------------------------------
 
 async def test_a_non_utf8_key_fails_no_page(make_redis, start_dashboard):

@@ -236,3 +236,103 @@ async def test_the_poison_filter_lists_tasks_that_killed_their_workers_pod_twice
             page = await r.text()
         assert "stalled: pod emails-worker-7d9f-x2 OOMKilled (exit 137) on node n1" in page
         assert '<span class="badge poison">poison</span>' in page
+
+
+NASTY_GROUP = '"><img src=x onerror=alert(1)>&<script>'
+
+
+async def tenants(url: str) -> None:
+    """Group NASTY_GROUP paused, "capped" at 1 (capped-0 running): 5 tasks parked; then
+    "busy" offers 5 and "few" 1, left waiting."""
+    async with TaskQueue("tenants", url=url) as q:
+        await q.pause_group(NASTY_GROUP)
+        await q.configure_group("capped", max_active=1)
+        await q.offer_many([("job", {}, {"group": g, "task_id": f"{g[:1]}-{i}"}) for g in (NASTY_GROUP, "capped")
+                            for i in range(3)])
+        leases, _ = await q.acquire_many(10)
+        assert [lease.task_id for lease in leases] == ["c-0"]
+        await q.offer_many([("job", {}, {"group": g, "task_id": f"{g}-{i}"}) for g, n in (("busy", 5), ("few", 1))
+                            for i in range(n)])
+        assert ((await q.stats()).parked, (await q.stats()).waiting) == (5, 6)
+
+
+async def test_the_groups_section_and_the_parked_list(redis_url, start_dashboard):
+    await tenants(redis_url)
+    dash = await start_dashboard(redis_url)
+    async with aiohttp.ClientSession() as http:
+        async def api(query: str) -> dict:
+            async with http.get(dash.url(f"/api/queues/tenants?{query}")) as r:
+                assert r.status == 200, await r.text()
+                return await r.json()
+
+        shown = await api("")
+        assert (shown["queue"]["parked"], shown["queue"]["group_caps"]) == (5, True)
+        groups = shown["groups"]
+        assert [(g["group"], g["waiting"]) for g in groups["rows"]] == [("busy", 5), ("few", 1)]  # busiest first
+        assert groups["page"]["total"] == 2 and groups["group"] is None
+        assert groups["columns"] == ["waiting", "active", "parked", "max_active", "paused", "rate_limit"]
+
+        parked = await api("state=parked")
+        assert [(t["task_id"], t["group"], t["state"]) for t in parked["tasks"]] == [
+            (f"\"-{i}", NASTY_GROUP, "waiting") for i in range(3)] + [(f"c-{i}", "capped", "waiting") for i in (1, 2)]
+        assert parked["page"]["total"] == 5
+        assert [t["task_id"] for t in (await api("state=parked&offset=1&limit=2"))["tasks"]] == ['"-1', '"-2']
+
+        one = await api("state=parked&group=capped")
+        assert [t["task_id"] for t in one["tasks"]] == ["c-1", "c-2"] and one["page"]["total"] == 2
+        assert one["group"] == "capped"
+        looked_up = one["groups"]["group"]
+        assert {k: looked_up[k] for k in one["groups"]["columns"]} == {
+            "waiting": 0, "active": 1, "parked": 2, "max_active": 1, "paused": False, "rate_limit": None}
+        nasty = await api(f"state=parked&group={quote(NASTY_GROUP, safe='')}")
+        assert nasty["groups"]["group"]["shown"]["paused"] == "yes" and nasty["page"]["total"] == 3
+        assert [g["group"] for g in (await api("groups_limit=1"))["groups"]["rows"]] == ["busy"]
+        later = (await api("groups_offset=1&groups_limit=1"))["groups"]
+        assert [g["group"] for g in later["rows"]] == ["few"] and later["page"]["previous"] == 0
+
+        for query, says in (("groups_offset=-1", "groups_offset must be between"),
+                            ("groups_limit=100000", "groups_limit between 1 and"),
+                            ("groups_offset=abc", "groups_offset and groups_limit must be integers"),
+                            ("groups_offset=99999999999999999999", "groups_offset must be between"),
+                            ("state=parked&group=a%09b", "control characters"),
+                            (f"state=parked&group={'x' * 200}", "at most MAX_GROUP_BYTES")):
+            for path in (f"/queues/tenants?{query}", f"/api/queues/tenants?{query}",
+                         f"/api/queues/tenants/tasks?{query}"):
+                async with http.get(dash.url(path)) as r:
+                    body = await r.text()
+                    if "groups_" in query and "/tasks?" in path:  # the task list takes no groups page
+                        assert r.status == 200, (path, body[:300])
+                        continue
+                    assert r.status == 400 and says in body, (path, r.status, body[:300])
+
+        async with http.get(dash.url(f"/queues/tenants?state=parked&group={quote(NASTY_GROUP, safe='')}")) as r:
+            page = await r.text()
+        assert r.status == 200
+        assert NASTY_GROUP not in page and "<img" not in page  # escaped in the heading, the rows, the form
+        assert page.count("&#34;&gt;&lt;img src=x onerror=alert(1)&gt;&amp;&lt;script&gt;") >= 5
+        assert f'href="/queues/tenants?state=parked&amp;group={quote(NASTY_GROUP, safe="")}"' in page
+
+
+async def test_a_groups_name_shows_as_text_in_a_real_browser(redis_url, start_dashboard, browser, screenshot_dir):
+    await tenants(redis_url)
+    dash = await start_dashboard(redis_url)
+    page = await browser.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), asyncio.ensure_future(d.dismiss())))
+    await page.goto(dash.url("/queues/tenants?state=parked"))
+    assert await page.locator("#tasks td.group").all_text_contents() == [NASTY_GROUP] * 3 + ["capped"] * 2
+    await page.fill('input[name="group"]', NASTY_GROUP)  # the lookup form
+    await page.press('input[name="group"]', "Enter")
+    await page.wait_for_selector("#parked-group")
+    assert await page.text_content("#parked-group") == NASTY_GROUP
+    looked_up = page.locator("#group-table tr.looked-up")
+    assert await looked_up.locator("td.id a").text_content() == NASTY_GROUP
+    assert await looked_up.locator('td[data-field="parked"]').text_content() == "3"
+    assert await page.locator("#tasks td.id a").all_text_contents() == ['"-0', '"-1', '"-2']
+    await page.wait_for_timeout(2300)  # after a poll re-rendered the rows and the groups
+    assert await page.locator("#group-table tr.looked-up td.id a").text_content() == NASTY_GROUP
+    assert await page.locator("#group-table tbody tr:not(.looked-up) td.id a").all_text_contents() == ["busy", "few"]
+    assert await page.locator("#tasks td.group").all_text_contents() == [NASTY_GROUP] * 3
+    await page.screenshot(path=str(screenshot_dir / "queue-groups.png"), full_page=True)
+    assert await page.locator("img, main script:not([type=\"application/json\"])").count() == 0
+    assert dialogs == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timezone
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from effectmq.dashboard import auth, views
 from effectmq.client.discovery import queue_name_of
 from effectmq.errors import STALLED, ErrorInfo
-from effectmq.client.models import AttemptRecord, QueueStats, TaskInfo, ThroughputPoint, parse_task
+from effectmq.client.models import AttemptRecord, GroupStats, QueueStats, TaskInfo, ThroughputPoint, parse_task
 from effectmq.protocol.protocol import RawFields
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
@@ -53,6 +54,7 @@ def test_sensitive_task_shows_no_values_and_no_messages_but_its_error_tags():
     assert "{'d'" not in repr(shown) and "'p': 1" not in repr(shown) and "it broke" not in repr(shown)
     assert views.task_row(task(), sensitive=True)["error"] == {"tag": "Boom", "message": views.HIDDEN_MESSAGE}
     assert views.task_row(task())["error"] == {"tag": "Boom", "message": "it broke"}
+    assert (views.task_row(task())["group"], views.task_row(task(group="acme"))["group"]) == (None, "acme")
     plain = views.task_detail(task(), sensitive=False)
     assert plain["payload"] == {"p": 1} and plain["error"]["data"] == {"d": 1}
     assert plain["error"]["message"] == "it broke"
@@ -105,9 +107,42 @@ def test_a_stalls_cause_is_shown_on_sensitive_queues_too_and_poison_is_named():
 
 
 def test_the_poison_list_is_a_listing_of_its_own():
-    assert views.parse_listing({"state": "poison"}) == ("poison", 0, views.DEFAULT_PAGE, "")
-    with pytest.raises(views.BadRequest, match="known: waiting, .*, canceled, poison"):
+    assert views.parse_listing({"state": "poison"}) == ("poison", 0, views.DEFAULT_PAGE, "", None)
+    with pytest.raises(views.BadRequest, match="known: waiting, .*, canceled, poison, parked"):
         views.parse_listing({"state": "poisoned"})
+
+
+def test_the_parked_list_is_a_listing_of_its_own_narrowed_by_a_group():
+    assert views.parse_listing({"state": "parked", "group": "<b>acme</b>", "limit": "7"}) == (
+        "parked", 0, 7, "", "<b>acme</b>")
+    assert views.parse_listing({"state": "parked", "group": ""})[4] is None
+    for bad, says in (("a\tb", "control characters"), ("x" * 129, "at most MAX_GROUP_BYTES"),
+                      ("\udcff", "UTF-8")):
+        with pytest.raises(views.BadRequest, match=says):
+            views.parse_listing({"state": "parked", "group": bad})
+
+
+def test_the_groups_section_pages_and_shows_every_groupstats_field():
+    assert views.parse_groups_page({}) == (0, views.DEFAULT_GROUPS_PAGE)
+    assert views.parse_groups_page({"groups_offset": "40", "groups_limit": "20", "offset": "x"}) == (40, 20)
+    for bad in ({"groups_offset": "-1"}, {"groups_offset": "x"}, {"groups_limit": "0"}, {"groups_offset": "1e3"},
+                {"groups_limit": str(views.MAX_GROUPS_PAGE + 1)}, {"groups_offset": str(2**63)}):
+        with pytest.raises(views.BadRequest, match="groups_offset must be|groups_offset and groups_limit"):
+            views.parse_groups_page(bad)
+    capped = GroupStats("<script>x</script>", 3, 1, 4, 1, True, (5, 2.5))
+    free = GroupStats("b", 9)
+    section = views.groups_section([free, capped], views.Page(0, 2, 5), GroupStats("idle", 0, 0, 2, 0, True))
+    assert section["columns"] == ["waiting", "active", "parked", "max_active", "paused", "rate_limit"]
+    assert section["columns"] == [f.name for f in dataclasses.fields(GroupStats)][1:]  # a new field: a new column
+    assert [r["group"] for r in section["rows"]] == ["b", "<script>x</script>"]
+    assert section["rows"][1]["shown"] == {"waiting": "3", "active": "1", "parked": "4", "max_active": "1",
+                                           "paused": "yes", "rate_limit": "5 per 2.5s"}
+    assert section["rows"][0]["shown"] == {"waiting": "9", "active": "0", "parked": "0", "max_active": "none",
+                                           "paused": "", "rate_limit": "none"}
+    assert section["rows"][1]["max_active"] == 1 and section["rows"][1]["paused"] is True  # JSON keeps the values
+    assert section["group"]["group"] == "idle" and section["group"]["shown"]["parked"] == "2"
+    assert section["page"] == {"offset": 0, "limit": 2, "total": 5, "previous": None, "next": 2}
+    assert views.groups_section([], views.Page(0, 20, 0), None)["group"] is None
 
 
 def test_events_keep_known_fields_only():
@@ -134,6 +169,10 @@ def test_queue_summary_and_failure_rate():
     assert views.queue_summary(limited, {}, {}, [])["rate_limit"] == "100 per 1 s · 37 in the window"
     held = QueueStats("q", 0, 0, 0, 0, 0, 0, 0.0, False, 0, rate_limit=(5, 60.0), starts_held_for=11.2)
     assert views.queue_summary(held, {}, {}, [])["rate_limit"] == "5 per 60 s · 0 in the window · held 12s"
+    capped = QueueStats("q", 0, 0, 0, 0, 0, 0, 0.0, False, 0, parked=7, group_caps=True)
+    grouped = views.queue_summary(capped, {}, {}, [])
+    assert (grouped["parked"], grouped["group_caps"], nothing_waits["parked"], nothing_waits["group_caps"]) == (
+        7, True, 0, False)
 
 
 @pytest.mark.parametrize("seconds, shown", [(0, "0s"), (59.9, "59s"), (61, "1m 1s"), (7260, "2h 1m"),
@@ -146,9 +185,9 @@ def test_paging():
     page = views.Page(50, 50, 120)
     assert (page.previous, page.next, page.first_shown, page.last_shown) == (0, 100, 51, 100)
     assert (views.Page(100, 50, 120).next, views.Page(0, 50, 0).first_shown) == (None, 0)
-    assert views.parse_listing({}) == ("waiting", 0, views.DEFAULT_PAGE, "")
+    assert views.parse_listing({}) == ("waiting", 0, views.DEFAULT_PAGE, "", None)
     assert views.parse_listing({"state": "failed", "offset": "10", "limit": "5", "search": " x "}) == (
-        "failed", 10, 5, "x")
+        "failed", 10, 5, "x", None)
     assert views.parse_listing({"offset": str(views.MAX_OFFSET)})[1] == views.MAX_OFFSET
     for bad in ({"state": "nope"}, {"offset": "-1"}, {"limit": "0"}, {"limit": "100000"}, {"offset": "x"},
                 {"offset": str(views.MAX_OFFSET + 1)}, {"offset": str(2**63)}, {"offset": "9" * 5000}):

@@ -210,6 +210,27 @@ async def test_a_groups_rate_limit_from_the_command_line(redis_url):
         assert refused.returncode == 2 and says in refused.stderr and "Traceback" not in refused.stderr, bad
 
 
+async def test_parked_tasks_from_the_command_line(redis_url):
+    common = ["--queue", "parking", "--url", redis_url]
+    q = effectmq.TaskQueue("parking", url=redis_url)
+    await q.pause_group("acme")
+    await q.offer_many([("work", i, {"group": g, "task_id": f"{g}-{i}"}) for g in ("acme", "beta") for i in range(3)])
+    assert cli("parked", *common).stdout.strip() == "no parked tasks"
+    leases, _ = await q.acquire_many(3)  # beta's three; acme's parked on the way
+    assert sorted(lease.task_id for lease in leases) == ["beta-0", "beta-1", "beta-2"]
+    table = cli("parked", "--group", "acme", *common).stdout.splitlines()
+    assert table[0].split() == ["TASK", "ID", "GROUP", "NAME", "PRIORITY", "CREATED"]
+    assert [line.split()[:4] for line in table[1:]] == [[f"acme-{i}", "acme", "work", "0"] for i in range(3)]
+    rows = json.loads(cli("parked", "--json", "--limit", "2", "--offset", "1", *common).stdout)
+    assert [(r["task_id"], r["state"]) for r in rows] == [("acme-1", "waiting"), ("acme-2", "waiting")]
+    assert cli("parked", "--group", "beta", *common).stdout.strip() == "no parked tasks of group beta"
+    for bad, says in ((["--limit", "0"], "limit must be >= 1"), (["--offset", "-1"], "offset must be >= 0"),
+                      (["--group", "a\tb"], "control characters"), (["--limit", "x"], "invalid int")):
+        refused = cli("parked", *bad, *common)
+        assert refused.returncode == 2 and says in refused.stderr and "Traceback" not in refused.stderr, bad
+    await q.close()
+
+
 async def test_rate_limit_and_hold_from_the_command_line(redis_url):
     common = ["--queue", "limited", "--url", redis_url]
     assert cli("offer", "call_api", "1", *common).returncode == 0

@@ -18,7 +18,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import effectmq
-from effectmq.client.queue import MAX_GROUP_BYTES
+from effectmq.client.queue import MAX_GROUP_BYTES, MAX_LIST
 from effectmq.errors import TaskError
 from effectmq.protocol import protocol
 from tests.runtime.test_rate_limit import until_settled
@@ -193,6 +193,50 @@ async def test_a_paused_group_waits_while_another_runs_then_resume_runs_it(make_
         await until_settled(q, 10, timeout=10)
     assert sorted(ran) == [f"a{i}" for i in range(5)] + [f"b{i}" for i in range(5)]
     await invariants(q)
+
+
+async def park_all(q: effectmq.TaskQueue) -> None:
+    """Acquire until nothing waits: every pick of a paused group is parked."""
+    for _ in range(20):
+        if not (await q.stats()).waiting:
+            return
+        leases, _ = await q.acquire_many(10)
+        assert leases == []
+    raise AssertionError(await q.stats())
+
+
+async def test_parked_tasks_are_listed_by_group_in_the_order_they_go_back(make_queue):
+    q = make_queue("caps-list", lock_timeout=60)
+    for group in ("a", "ab", "<b>&'\""):  # "ab" shares a's first byte: not a's range
+        await q.pause_group(group)
+    await q.offer_many([("job", {}, {"group": g, "task_id": f"{g}-{i}", "priority": i % 2})
+                        for g in ("ab", "a", "<b>&'\"") for i in range(4)])
+    await park_all(q)
+    # a's in waiting order: priority 1 first, then by offer; the groups by name (bytes)
+    a_order = ["a-1", "a-3", "a-0", "a-2"]
+    assert await q.parked_ids("a") == a_order
+    assert [t.task_id for t in await q.parked_tasks("a", limit=2, offset=1)] == a_order[1:3]
+    assert all(t.state == "waiting" and t.group == "a" for t in await q.parked_tasks("a"))
+    every = await q.parked_ids(limit=1000)
+    assert [i.rsplit("-", 1)[0] for i in every] == ["<b>&'\""] * 4 + ["a"] * 4 + ["ab"] * 4
+    assert every[4:8] == a_order and await q.parked_ids(limit=3, offset=10) == every[10:]
+    assert await q.parked_ids("nobody") == [] and await q.parked_tasks(offset=12) == []
+    assert (await q.stats()).parked == len(every) == 12
+    for bad in ({"limit": 0}, {"limit": MAX_LIST + 1}, {"offset": -1}, {"group": ""}, {"group": "a\0"}):
+        with pytest.raises(effectmq.InvalidOption):
+            await q.parked_ids(**bad)
+    await q.resume_group("a")
+    assert await q.parked_ids("a") == [] and len(await q.parked_ids()) == 8
+    await invariants(q)
+    raw = aioredis.Redis.from_url(q.url)  # an id another client wrote, not UTF-8: listed, its key named again
+    try:
+        key = q.keys.task("x\udcff").encode(errors="surrogateescape")
+        await raw.hset(key, mapping={"name": "job", "state": "waiting"})
+        await raw.zadd(q.keys.key("backlog"), {b"ab\0" + b"0" * 16 + b"x\xff": 0})
+    finally:
+        await raw.aclose()
+    assert (await q.parked_ids("ab"))[0] == "x\udcff"
+    assert [(t.task_id, t.name) for t in await q.parked_tasks("ab", limit=1)] == [("x\udcff", "job")]
 
 
 async def test_raising_or_removing_a_cap_hands_back_what_it_allows(make_queue):

@@ -110,6 +110,8 @@
     }
     const poison = root.querySelector('[data-count="poison"] .n');  // the queue page's poison tab
     if (poison && q.poison !== undefined && poison.textContent !== String(q.poison)) poison.textContent = q.poison;
+    const parked = root.querySelector('[data-count="parked"] .n');  // the queue page's parked tab
+    if (parked && q.parked !== undefined && parked.textContent !== String(q.parked)) parked.textContent = q.parked;
   }
 
   function updateFacts(root, q) {
@@ -175,6 +177,7 @@
     const cells = [
       h("td", { class: "id" }, h("a", { href: `/queues/${enc(queue)}/tasks/${enc(t.task_id)}`, text: t.task_id })),
       h("td", { text: t.name }),
+      h("td", { class: "group", text: t.group === null ? "" : t.group }),
       h("td", {}, h("span", { class: `state s-${t.state}`, text: t.state })),
       h("td", { class: "num", text: t.attempt }),
       h("td", { class: "num", text: t.handler_failure_count }),
@@ -206,13 +209,28 @@
     const tbody = document.querySelector("#tasks tbody");
     const rows = data.tasks.map((t) => taskRow(q.name, t));
     tbody.replaceChildren(...(rows.length ? rows : [h("tr", { class: "empty" },
-      h("td", { colspan: 10, text: data.search ? "No task with this id." : `No ${data.state} tasks.` }))]));
+      h("td", { colspan: 11, text: data.search ? "No task with this id." : `No ${data.state} tasks.` }))]));
     const p = data.page;
     const pager = document.getElementById("pager");
-    const link = (offset, label) => h("a", { href: `/queues/${enc(q.name)}?state=${data.state}&offset=${offset}&limit=${p.limit}`, text: label });
+    const inGroup = data.state === "parked" && data.group !== null && data.group !== undefined ? `&group=${enc(data.group)}` : "";
+    const link = (offset, label) => h("a", { href: `/queues/${enc(q.name)}?state=${data.state}${inGroup}&offset=${offset}&limit=${p.limit}`, text: label });
     pager.replaceChildren(
       h("span", { text: `${Math.min(p.total, p.offset + 1)}–${Math.min(p.total, p.offset + p.limit)} of ${p.total}` }),
       ...(p.previous !== null ? [link(p.previous, "← newer")] : []), ...(p.next !== null ? [link(p.next, "older →")] : []));
+  }
+
+  function renderGroups(queue, groups) {
+    const tbody = document.querySelector("#group-table tbody");
+    if (!tbody || !groups) return;
+    const line = (g, cls) => h("tr", { class: cls, "data-group": g.group },
+      h("td", { class: "id" }, h("a", { href: `/queues/${enc(queue)}?state=parked&group=${enc(g.group)}`,
+        title: "its parked tasks", text: g.group })),
+      ...groups.columns.map((c) => h("td", { class: "num", "data-field": c, text: g.shown[c] })));
+    const rows = [...(groups.group ? [line(groups.group, "looked-up")] : []), ...groups.rows.map((g) => line(g, ""))];
+    if (!groups.rows.length) {
+      rows.push(h("tr", { class: "empty" }, h("td", { colspan: groups.columns.length + 1, text: "No group has waiting tasks." })));
+    }
+    tbody.replaceChildren(...rows);
   }
 
   // -- one task ---------------------------------------------------------------------------
@@ -289,7 +307,7 @@
   }
 
   const RENDER = {
-    overview: renderOverview, queue: (d) => { renderQueue(d); if (d.schedules) renderSchedules(d); },
+    overview: renderOverview, queue: (d) => { renderQueue(d); renderGroups(d.queue.name, d.groups); if (d.schedules) renderSchedules(d); },
     task: renderTask, schedules: renderSchedules,
   };
 
