@@ -137,9 +137,12 @@ def offer_argv(task_name: str, payload: Any, *, task_id: str | None = None, dela
     the task's group (check_group), None for none."""
     if not isinstance(task_name, str) or not task_name or len(task_name) > 200:
         raise InvalidOption(f"task name must be a non-empty string of at most 200 characters, got {task_name!r}")
+    check_utf8("task name", task_name)
     explicit = task_id is not None
     if explicit and (not isinstance(task_id, str) or not task_id or len(task_id) > MAX_ID_LENGTH):
         raise InvalidOption(f"task_id must be a non-empty string of at most {MAX_ID_LENGTH} characters")
+    if explicit:
+        check_utf8("task_id", task_id)
     check_number("delay", delay, maximum=MAX_DELAY)
     check_number("priority", priority, minimum=-MAX_PRIORITY, integer=True, allow_none=False)
     if priority > MAX_PRIORITY:
@@ -178,15 +181,21 @@ def parked_id(member: str) -> str:
     return member.split("\0", 1)[1][PARKED_POSITION_DIGITS:]
 
 
+def check_utf8(what: str, text: str) -> None:
+    """Refuse text that cannot be sent (a lone surrogate), before anything is."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise InvalidOption(f"{what} must be UTF-8 text, got {text!r}") from None
+
+
 def check_group(group: Any) -> str:
     """A task group's name: 1 to MAX_GROUP_BYTES bytes of UTF-8 without control characters
     (it is a field name in Redis and a word in logs, never a metric label)."""
     if not isinstance(group, str) or not group:
         raise InvalidOption(f"group must be a non-empty string, got {group!r}")
-    try:
-        size = len(group.encode())
-    except UnicodeEncodeError:
-        raise InvalidOption(f"group must be UTF-8 text, got {group!r}") from None
+    check_utf8("group", group)
+    size = len(group.encode())
     if size > MAX_GROUP_BYTES:
         raise InvalidOption(f"group is {size} bytes of UTF-8; at most MAX_GROUP_BYTES = {MAX_GROUP_BYTES}")
     if any(unicodedata.category(c) == "Cc" for c in group):

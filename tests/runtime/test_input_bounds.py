@@ -462,3 +462,17 @@ def test_offer_nonces_have_53_random_bits():
     nonces = {int(protocol.OfferArgs([offer_argv("t", 1, task_id="a")[1]]).nonce) for _ in range(2000)}
     assert len(nonces) == 2000 and max(nonces) < 2 ** 53 + 1
     assert sum(n >= 2 ** 31 for n in nonces) > 1990  # drawn from far more than 31 bits
+
+
+async def test_a_task_id_or_name_that_is_not_utf8_text_is_refused_before_anything_is_sent(make_queue):
+    # A lone surrogate cannot be encoded: offer raised UnicodeEncodeError from inside
+    # redis-py, and offer_many after some chunks were stored.
+    q = make_queue("not-text")
+    for kwargs in ({"task_id": "a\udcff"}, {"task_name": "job\ud800"}):
+        offer = {"task_name": "job", "payload": 1, **kwargs}
+        with pytest.raises(effectmq.InvalidOption, match="UTF-8"):
+            await q.offer(offer.pop("task_name"), offer.pop("payload"), **offer)
+    with pytest.raises(effectmq.InvalidOption, match="UTF-8"):
+        await q.offer_many([("job", 1, {"task_id": "fine"}), ("job", 2, {"task_id": "b\udcff"})])
+    assert await q.get("fine") is None  # nothing of the batch was stored
+    assert (await q.offer("job", 1, task_id="ünïcode-ok")).created
