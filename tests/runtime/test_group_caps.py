@@ -22,6 +22,7 @@ from effectmq.client.queue import MAX_GROUP_BYTES, MAX_LIST
 from effectmq.errors import TaskError
 from effectmq.protocol import protocol
 from tests.runtime.test_rate_limit import until_settled
+from tests.support.acl import queue_user
 from tests.support.inprocess import make_worker, running, until_drained
 from tests.support.processes import WorkerProcess
 from tests.support.write_rule import queue_invariants
@@ -460,27 +461,24 @@ async def test_the_sync_facade_mirrors_the_group_calls(redis_url):
 
 @pytest.mark.redis7  # the documented users are Redis 7's
 async def test_a_restricted_user_as_documented_keeps_the_cap(redis_server):
-    admin = redis_server.client()
-    admin.execute_command("ACL", "SETUSER", "capped", "reset", "on", ">pw", "~{emq:caps-acl}:*", "&{emq:caps-acl}:*",
-                          "+@all", "-@dangerous", "+function")
-    q = effectmq.TaskQueue("caps-acl", url=f"redis://capped:pw@127.0.0.1:{redis_server.port}/0")
-    try:
-        await q.configure(group_max_active=2)
-        await q.offer_many([("job", i, {"group": "a", "task_id": f"a{i}"}) for i in range(12)])
-        at_once = most = 0
+    with queue_user(redis_server, "capped", "caps-acl") as url:
+        q = effectmq.TaskQueue("caps-acl", url=url)
+        try:
+            await q.configure(group_max_active=2)
+            await q.offer_many([("job", i, {"group": "a", "task_id": f"a{i}"}) for i in range(12)])
+            at_once = most = 0
 
-        async def job(payload):
-            nonlocal at_once, most
-            at_once += 1
-            most = max(most, at_once)
-            await asyncio.sleep(0.02)
-            at_once -= 1
+            async def job(payload):
+                nonlocal at_once, most
+                at_once += 1
+                most = max(most, at_once)
+                await asyncio.sleep(0.02)
+                at_once -= 1
 
-        async with running(make_worker(q, {"job": job}, concurrency=6)):
-            await until_settled(q, 12, timeout=20)
-            await until_drained(q)
-        assert most == 2
-        assert (await q.stats()).parked == 0
-    finally:
-        await q.close()
-        admin.execute_command("ACL", "DELUSER", "capped")
+            async with running(make_worker(q, {"job": job}, concurrency=6)):
+                await until_settled(q, 12, timeout=20)
+                await until_drained(q)
+            assert most == 2
+            assert (await q.stats()).parked == 0
+        finally:
+            await q.close()

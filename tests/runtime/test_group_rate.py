@@ -18,6 +18,7 @@ import effectmq
 from effectmq.protocol import protocol
 from tests.runtime.test_group_caps import invariants
 from tests.runtime.test_rate_limit import until_settled
+from tests.support.acl import queue_user
 from tests.support.inprocess import make_worker, running, until_drained
 from tests.support.processes import WorkerProcess
 
@@ -271,23 +272,20 @@ async def test_two_worker_processes_never_start_more_of_a_group_than_its_limit(m
 
 @pytest.mark.redis7  # the documented users are Redis 7's
 async def test_a_restricted_user_as_documented_keeps_the_group_rate_limit(redis_server):
-    admin = redis_server.client()
-    admin.execute_command("ACL", "SETUSER", "rated", "reset", "on", ">pw", "~{emq:grate-acl}:*", "&{emq:grate-acl}:*",
-                          "+@all", "-@dangerous", "+function")
-    q = effectmq.TaskQueue("grate-acl", url=f"redis://rated:pw@127.0.0.1:{redis_server.port}/0")
-    try:
-        await q.configure(group_rate_limit=(3, 0.3))
-        ids = [f"a{i}" for i in range(9)]
-        await q.offer_many([("job", i, {"group": "a", "task_id": task_id}) for i, task_id in enumerate(ids)])
+    with queue_user(redis_server, "rated", "grate-acl") as url:
+        q = effectmq.TaskQueue("grate-acl", url=url)
+        try:
+            await q.configure(group_rate_limit=(3, 0.3))
+            ids = [f"a{i}" for i in range(9)]
+            await q.offer_many([("job", i, {"group": "a", "task_id": task_id}) for i, task_id in enumerate(ids)])
 
-        async def job(payload):
-            await asyncio.sleep(0.01)
+            async def job(payload):
+                await asyncio.sleep(0.01)
 
-        async with running(make_worker(q, {"job": job}, concurrency=6)):
-            await until_settled(q, 9, timeout=20)
-            await until_drained(q)
-        assert most_in_a_window(await starts_of(q, ids), 300) == 3
-        assert (await q.stats()).parked == 0
-    finally:
-        await q.close()
-        admin.execute_command("ACL", "DELUSER", "rated")
+            async with running(make_worker(q, {"job": job}, concurrency=6)):
+                await until_settled(q, 9, timeout=20)
+                await until_drained(q)
+            assert most_in_a_window(await starts_of(q, ids), 300) == 3
+            assert (await q.stats()).parked == 0
+        finally:
+            await q.close()

@@ -24,6 +24,7 @@ from effectmq.protocol import protocol
 from bench.rate_limit import most_in_a_window
 from effectmq.protocol.protocol import AcquireStatus, Outcome
 from tests.fixtures.redis import require_binary
+from tests.support.acl import queue_user
 from tests.support.inprocess import make_worker, running
 from tests.support.processes import WorkerProcess
 
@@ -394,28 +395,24 @@ async def test_no_limit_costs_no_redis_call_and_a_limit_four(make_queue, redis_s
 
 @pytest.mark.redis7  # the documented users are Redis 7's
 async def test_a_restricted_user_keeps_the_limit(redis_server):
-    admin = redis_server.client()
-    admin.execute_command("ACL", "SETUSER", "ratelimited", "reset", "on", ">pw", "~{emq:rate-acl}:*",
-                          "&{emq:rate-acl}:*", "+@all", "-@dangerous", "+function")
-    url = f"redis://ratelimited:pw@127.0.0.1:{redis_server.port}/0"
-    q = effectmq.TaskQueue("rate-acl", url=url)
-    try:
-        await q.configure(rate_limit=(4, 0.5))
-        ids = [f"t{i}" for i in range(12)]
-        await q.offer_many([("job", i, {"task_id": task_id}) for i, task_id in enumerate(ids)])
+    with queue_user(redis_server, "ratelimited", "rate-acl") as url:
+        q = effectmq.TaskQueue("rate-acl", url=url)
+        try:
+            await q.configure(rate_limit=(4, 0.5))
+            ids = [f"t{i}" for i in range(12)]
+            await q.offer_many([("job", i, {"task_id": task_id}) for i, task_id in enumerate(ids)])
 
-        async def job(payload):
-            return payload
+            async def job(payload):
+                return payload
 
-        async with running(make_worker(q, {"job": job}, concurrency=4)):
-            await until_settled(q, len(ids), timeout=10)
-            assert 0 < await q.hold_starts(0.2) <= 0.2
-        assert most_in_a_window(await start_times(q, ids), 500) == 4
-        stats = await q.stats()
-        assert stats.rate_limit == (4, 0.5)
-    finally:
-        await q.close()
-        admin.execute_command("ACL", "DELUSER", "ratelimited")
+            async with running(make_worker(q, {"job": job}, concurrency=4)):
+                await until_settled(q, len(ids), timeout=10)
+                assert 0 < await q.hold_starts(0.2) <= 0.2
+            assert most_in_a_window(await start_times(q, ids), 500) == 4
+            stats = await q.stats()
+            assert stats.rate_limit == (4, 0.5)
+        finally:
+            await q.close()
 
 
 async def test_stats_show_the_limit_the_window_and_a_hold(make_queue):
