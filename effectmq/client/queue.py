@@ -141,7 +141,7 @@ def offer_argv(task_name: str, payload: Any, *, task_id: str | None = None, dela
     explicit = task_id is not None
     if explicit and (not isinstance(task_id, str) or not task_id or len(task_id) > MAX_ID_LENGTH):
         raise InvalidOption(f"task_id must be a non-empty string of at most {MAX_ID_LENGTH} characters")
-    if explicit:
+    if task_id is not None:
         check_utf8("task_id", task_id)
     check_number("delay", delay, maximum=MAX_DELAY)
     check_number("priority", priority, minimum=-MAX_PRIORITY, integer=True, allow_none=False)

@@ -14,10 +14,13 @@ many, except under a rate limit (Celery's prefetch).
 
 Under a rate limit none is held, whatever the setting: the limit counts a lease when it
 starts, and a held one would start its handler later, so the starts the downstream
-service sees would no longer keep to the window.
+service sees would no longer keep to the window. Nor once the queue counts its groups
+(a group's cap, pause or rate limit): a held lease takes its group's slot or start.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 AUTO_BELOW = 0.05  # seconds: auto holds leases while handlers usually take less
 HOLD_AT_MOST = 2.0  # seconds: auto hands back a lease held longer than this
@@ -25,16 +28,19 @@ SMOOTHING = 8  # the usual handler time moves 1/8 of the way to each new one
 
 
 class Prefetch:
-    def __init__(self, setting: int | None, concurrency: int):
+    def __init__(self, setting: int | None, concurrency: int, groups_counted: Callable[[], bool] = lambda: False):
         self.setting = setting  # None: auto
         self.concurrency = concurrency
         self.usual: float | None = None  # the usual handler time; None until one returned
         self.capped = False  # the queue has a maxActive
         self.rate_limited = False  # the queue has a rate limit
+        # The queue counts its groups (a group's cap, pause or rate limit, none of them among
+        # the settings a worker reads): a held lease would take its group's slot or start.
+        self.groups_counted = groups_counted
 
     def ahead(self) -> int:
         """How many leases to hold ahead now."""
-        if self.rate_limited:
+        if self.rate_limited or self.groups_counted():
             return 0
         if self.setting is not None:
             return self.setting

@@ -191,7 +191,7 @@ class Worker:
         if prefetch is not None and (not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0):
             raise InvalidOption(f"prefetch must be None (auto) or a non-negative integer, got {prefetch!r}")
         self.prefetch = prefetch
-        self._prefetch = Prefetch(prefetch, concurrency)
+        self._prefetch = Prefetch(prefetch, concurrency, groups_counted=lambda: self.queue.engine.scripts.group_keys)
         self._prefetch.rate_limited = self.queue.config.rate_limit is not None
         self.lock_timeout = lock_timeout if lock_timeout is not None else self.queue.config.lock_timeout
         self.lock_refresh = lock_refresh
@@ -352,8 +352,7 @@ class Worker:
 
     def _adopt(self, settings: Mapping[str, Any]) -> None:
         # Under maxActive a held lease would take the budget of one that could run; under a
-        # rate limit (the queue's, or every group's: a group's own is not seen here) it would
-        # start later than the limit counted it.
+        # rate limit it would start later than the limit counted it (groups: Prefetch.groups_counted).
         self._prefetch.capped = bool(settings.get("max_active"))
         self._prefetch.rate_limited = (bool(settings.get("rate_limit")) or bool(settings.get("group_rate_limit"))
                                        or self.queue.config.rate_limit is not None)

@@ -246,6 +246,27 @@ async def test_workers_in_one_process_keep_every_groups_window_and_sleep_until_i
     await invariants(q)
 
 
+async def test_workers_hold_no_lease_ahead_once_a_group_has_its_own_limit(make_queue):
+    # A group's own limit is not among the queue's settings a worker reads: with prefetch,
+    # leases counted in one window started their handlers in the next (132 handler
+    # starts in a 1 s window under a limit of 100, bench/rate_limit.py --group-rate).
+    # A queue that counts its groups (a cap, a pause or a limit) now gets no lease held.
+    q = make_queue("grate-own-prefetch")
+    await q.configure_group("a", rate_limit=(10, 0.5))
+    ids = [f"a{i}" for i in range(25)]
+    await q.offer_many([("job", i, {"task_id": task_id, "group": "a"}) for i, task_id in enumerate(ids)])
+
+    async def job(payload):
+        return payload
+
+    workers = [make_worker(q, {"job": job}, concurrency=8, prefetch=4) for _ in range(2)]
+    async with running(workers[0]), running(workers[1]):
+        await until_settled(q, len(ids), timeout=20)
+        assert [w._prefetch.ahead() for w in workers] == [0, 0]  # was [4, 4]
+    assert most_in_a_window(await starts_of(q, ids), 500) == 10
+    await invariants(q)
+
+
 async def test_two_worker_processes_never_start_more_of_a_group_than_its_limit(make_queue, redis_url, tmp_path):
     q = make_queue("grate-procs")
     await q.configure_group("a", rate_limit=(5, 0.5))
