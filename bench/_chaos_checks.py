@@ -1,7 +1,8 @@
 """The checks of a chaos run (bench/chaos_cluster.py), as pure functions of its recorded history.
 
 A history is a JSON-able dict:
-  lock_seconds, tick_seconds, max_replicas, tick_prefix (the task-id prefix of the Schedule's ticks)
+  lock_seconds, tick_seconds, max_replicas, min_replicas (absent: 0),
+  tick_prefix (the task-id prefix of the Schedule's ticks)
   offers: {task_id: {"kind": "work" | "oom"}}   offers Redis confirmed (created or already there)
   tasks: {task_id: {"state", "attempt", "last_token" (hashed as the handlers hash it), "result",
                     "indexes": [the state indexes holding the id]}}   read from Redis after the run
@@ -73,7 +74,8 @@ class Fault:
 
 CHECKS = ("accepted tasks lost", "stale acknowledgements accepted", "tasks not in exactly one state",
           "attempts run twice", "extra runs not explained by a fault", "ticks missed beyond the policy",
-          "ticks run twice as different tasks", "replicas above maxReplicas", "queue not Ready after the faults",
+          "ticks run twice as different tasks", "replicas above maxReplicas", "replicas below minReplicas",
+          "queue not Ready after the faults",
           "two operator leaders at once", "operator Events not from the Lease's holder",
           "leader cuts not taken over", "operator restarts not explained by a fault")
 
@@ -319,6 +321,8 @@ def check(history: dict) -> dict[str, list[str]]:
     for at, spec, observed in history["replicas"]:
         if max(spec or 0, observed or 0) > history["max_replicas"]:
             problems["replicas above maxReplicas"].append(f"at {at:.1f}: spec {spec}, observed {observed}")
+        if spec is not None and spec < history.get("min_replicas", 0):  # e.g. a Queue scaled to zero with work
+            problems["replicas below minReplicas"].append(f"at {at:.1f}: spec {spec}")
     problems["two operator leaders at once"] += overlapping_leaders(history)
     problems["operator Events not from the Lease's holder"] += events_off_leader(history)
     problems["leader cuts not taken over"] += cuts_not_taken_over(history)

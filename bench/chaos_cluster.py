@@ -100,6 +100,7 @@ SCHEDULE = "ticker"
 TICK_SECONDS = 5
 LOCK_SECONDS = 6
 MAX_REPLICAS = 4
+MIN_REPLICAS = 1  # the worker Deployment never goes below it: a scale to zero with work in flight is a defect
 WORKER_IMAGE = "localhost/effectmq-chaos-worker:1"
 HANDLERS_FILE = Path(__file__).with_name("_chaos_handlers.py")
 HANDLERS_MODULE = "emq_chaos_handlers"
@@ -240,7 +241,7 @@ class Run:
                                 "terminationGracePeriodSeconds": 8, "env": env,
                                 "resources": {"requests": {"cpu": "20m", "memory": "64Mi"},
                                               "limits": {"memory": "200Mi"}}},
-                     "scaling": {"minReplicas": 1, "maxReplicas": MAX_REPLICAS, "targetTasksPerReplica": 10,
+                     "scaling": {"minReplicas": MIN_REPLICAS, "maxReplicas": MAX_REPLICAS, "targetTasksPerReplica": 10,
                                  "pollIntervalSeconds": 2, "scaleDownStabilizationSeconds": 10,
                                  "cooldownSeconds": 5}}}
         schedule = {"apiVersion": "effectmq.io/v1alpha1", "kind": "Schedule",
@@ -822,6 +823,7 @@ class Run:
         history = {
             "seed": self.seed, "seconds": self.seconds, "t0": self.t0, "plant": self.plant,
             "lock_seconds": LOCK_SECONDS, "tick_seconds": TICK_SECONDS, "max_replicas": MAX_REPLICAS,
+            "min_replicas": MIN_REPLICAS,
             "tick_prefix": f"{NS}/{SCHEDULE}/",
             "offers": self.offers, "tasks": tasks,
             "unknown_in_indexes": sorted(set().union(*indexes.values()) - known),

@@ -93,6 +93,7 @@ FAULT_KINDS = {  # (kind, weight)
 ROLLBACK_KINDS = ("primary_kill", "primary_pause", "master_kill")
 # Checks of things a failover run has none of: a Schedule, a Deployment, an operator.
 NOT_APPLICABLE = ("ticks missed beyond the policy", "ticks run twice as different tasks", "replicas above maxReplicas",
+                  "replicas below minReplicas",
                   "two operator leaders at once", "operator Events not from the Lease's holder",
                   "leader cuts not taken over", "operator restarts not explained by a fault")
 PLANTS = ("phantom-offer", "drop-done")

@@ -57,7 +57,7 @@ def recorded() -> dict:
 
     ticks = {tick_id(i * 5): done(1, f"k{i}", "p1", tick=tick_id(i * 5).rsplit("/", 1)[1]) for i in range(3)}
     return {
-        "seed": 1, "seconds": 60, "lock_seconds": 6, "tick_seconds": 5, "max_replicas": 4,
+        "seed": 1, "seconds": 60, "lock_seconds": 6, "tick_seconds": 5, "max_replicas": 4, "min_replicas": 1,
         "tick_prefix": "chaos/ticker/",
         "offers": {"w1": {"kind": "work"}, "w2": {"kind": "work"}},
         "tasks": {"w1": done(1, "a", "p1"), "w2": done(2, "c", "p3"), **ticks},
@@ -120,6 +120,7 @@ def set_in(path, value):
     (lambda h: h["tasks"][tick_id(10)]["result"].update(tick=tick_id(5).rsplit("/", 1)[1]),
      "ticks run twice as different tasks"),
     (lambda h: h["replicas"].append([T0 + 9, 5, 4]), "replicas above maxReplicas"),
+    (lambda h: h["replicas"].append([T0 + 9, 0, 1]), "replicas below minReplicas"),  # scaled to zero with work
     (set_in(("ready_after", "ready"), False), "queue not Ready after the faults"),
     # the operator's container restarted with no node fault near: the liveness probe failed it
     (set_in(("operator_restarts",), [operator_restart(T0 + 40)]), "operator restarts not explained by a fault"),
