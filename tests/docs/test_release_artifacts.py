@@ -5,6 +5,7 @@ with none of this checkout's code on the path."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -69,7 +70,9 @@ def test_the_wheel_runs_the_readme_quickstart_in_a_clean_virtualenv(dist, redis_
     # from this virtualenv's site-packages (no index here), behind the clean one's own: the
     # wheel's effectmq is the one found, never this checkout's.
     wheel = dist / f"effectmq-{VERSION}-py3-none-any.whl"
-    run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", wheel])
+    # Without PYTHONPATH: a checkout on it with its egg-info made pip call the wheel installed.
+    run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", wheel],
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     clean_site = Path(run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
     (clean_site / "dependencies-of-the-test-run.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
 
