@@ -183,6 +183,35 @@ def test_a_queue_wide_group_cap_reaches_redis_and_the_status_counts_the_parked(k
         q.close()
 
 
+def test_a_group_rate_limit_reaches_redis_and_parks_what_its_window_cannot_start(kube_control_plane, kube_namespace,
+                                                                                 start_operator, redis_url):
+    plane, ns = kube_control_plane, kube_namespace
+    start_operator()
+    manifest = yaml.safe_load(queue_manifest("per-tenant", redis_url,
+                                             groups={"rateLimit": {"tasks": 1, "periodSeconds": 60}},
+                                             scaling={"pollIntervalSeconds": 1}))
+    del manifest["spec"]["worker"]  # no pods here
+    apply(plane, ns, yaml.safe_dump(manifest))  # the CRD's schema takes the field (the API server prunes unknown ones)
+    q = effectmq.SyncTaskQueue(f"{ns}/per-tenant", url=redis_url)
+    try:
+        wait_for(lambda: q.settings().get("group_rate_limit") == (1, 60.0), what="the group rate limit in Redis")
+        q.offer_many([("send_email", {"to": f"user{i}@example.com"}, {"group": g}) for g in ("acme", "beta")
+                      for i in range(2)])
+        assert leased(redis_url, f"{ns}/per-tenant", 3) == [True, True, False]  # one start a group in the window
+        assert q.stats().parked == 2 and q.group_stats("acme").rate_limit == (1, 60.0)
+        capped = wait_for(lambda: (lambda c: c if c and c["status"] == "True" else None)(
+            condition(get(plane, ns, "queue", "per-tenant"), "GroupCapped")), what="GroupCapped=True")
+        assert "rate limit" in capped["message"], capped
+
+        # The field removed: no limit in Redis and the parked tasks go back.
+        plane.kubectl("patch", "queue", "per-tenant", "-n", ns, "--type=json",
+                      "-p", '[{"op": "remove", "path": "/spec/groups"}]')
+        wait_for(lambda: q.settings().get("group_rate_limit") is None, what="the limit lifted")
+        assert q.stats().parked == 0
+    finally:
+        q.close()
+
+
 def test_end_to_end_with_workers_run_from_the_deployment(kube_control_plane, kube_namespace, start_operator,
                                                          redis_url, tmp_path):
     plane, ns = kube_control_plane, kube_namespace
