@@ -204,10 +204,16 @@ async def cmd_worker(args) -> int:
     return 0
 
 
+def _stat_text(name: str, value: Any) -> str:
+    if name == "rate_limit" and value:
+        return f"{value[0]} per {value[1]:g}s"
+    return str(value)
+
+
 async def cmd_stats(args) -> int:
     async with _known_queue(args) as q:
         stats = await q.stats()
-    emit(args, stats.to_json(), lambda s: "\n".join(f"{k:>24}: {v}" for k, v in s.items()))
+    emit(args, stats.to_json(), lambda s: "\n".join(f"{k:>24}: {_stat_text(k, v)}" for k, v in s.items()))
     return 0
 
 

@@ -240,6 +240,7 @@ async def test_rate_limit_and_hold_from_the_command_line(redis_url):
     assert done.stdout.strip() == "queue limited: at most 100 starts in any 1s (0 in the current window)"
     assert (await q.settings())["rate_limit"] == (100, 1.0)
     assert json.loads(cli("rate-limit", "5/0.5", "--json", *common).stdout)["rate_limit"] == [5, 0.5]
+    assert "rate_limit: 5 per 0.5s\n" in cli("stats", *common).stdout  # was "(5, 0.5)"
     for bad, says in (("100", "a rate limit is TASKS/PERIOD"), ("x/1s", "a rate limit is TASKS/PERIOD"),
                       ("0/1s", "rate_limit tasks must be >= 1"), ("10/0", "must be >= 0.001"),
                       ("1000000/1s", "must be <= 100000")):
