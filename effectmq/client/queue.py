@@ -740,9 +740,10 @@ class TaskQueue(OwnsConnection):
             raise InvalidOption(f"unknown state {state!r}; known: {', '.join(INDEXES)}")
         check_number("limit", limit, minimum=1, integer=True, allow_none=False, maximum=MAX_LIST)
         check_number("offset", offset, minimum=0, integer=True, allow_none=False, maximum=MAX_COUNT)
-        with self._redis_errors:
-            ids: Any = await self.redis.zrange(self.keys.key(state), offset, offset + limit - 1)
-        return await self._read_tasks(ids)
+        with self._redis_errors:  # undecoded: an id written by another client may not be UTF-8
+            ids: Any = await self.redis.execute_command("ZRANGE", self.keys.key(state), offset, offset + limit - 1,
+                                                        NEVER_DECODE=True)
+        return await self._read_tasks([tid.decode(errors="surrogateescape") for tid in ids])
 
     async def _read_tasks(self, ids: Sequence[str]) -> list[TaskInfo]:
         """The tasks' whole records, in one round trip; ids whose record is gone are left out."""

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import redis.asyncio
 
 import effectmq
 from effectmq.protocol import protocol
@@ -476,3 +477,19 @@ async def test_a_task_id_or_name_that_is_not_utf8_text_is_refused_before_anythin
         await q.offer_many([("job", 1, {"task_id": "fine"}), ("job", 2, {"task_id": "b\udcff"})])
     assert await q.get("fine") is None  # nothing of the batch was stored
     assert (await q.offer("job", 1, task_id="ünïcode-ok")).created
+
+
+async def test_a_state_index_holding_an_id_that_is_not_utf8_is_still_listed(make_queue):
+    # Another client may write any bytes: list_tasks (the dashboard's lists, dead_letters)
+    # raised UnicodeDecodeError on the whole page for one such id.
+    q = make_queue("bytes-in-index")
+    await q.offer("job", 1, task_id="plain")
+    raw = redis.asyncio.Redis.from_url(q.url)
+    try:
+        key = q.keys.task("x\udcff").encode(errors="surrogateescape")
+        await raw.hset(key, mapping={"name": "job", "state": "waiting"})
+        await raw.zadd(q.keys.key("waiting"), {b"x\xff": 0})
+    finally:
+        await raw.aclose()
+    listed = await q.list_tasks("waiting")
+    assert sorted((t.task_id, t.name) for t in listed) == [("plain", "job"), ("x\udcff", "job")]
