@@ -797,7 +797,10 @@ def test_a_rate_limited_queue_scales_only_to_what_its_limit_can_use_and_says_why
         starts = sorted(q.get(o.task_id).started_at.timestamp() for o in offered)
         assert most_in_a_window(starts, 1.0) <= 10, starts
         assert starts[-1] - starts[0] >= 29  # 300 starts at 10 a second
-        assert max(sampler.replicas) <= 2, sampler.replicas  # the pod the limit uses, plus one
+        # The pod the limit uses, plus one; 3 when a poll found both pods mid-attempt (the rule
+        # reads the attempts in flight at one instant: 2 of them fill 2 pods, plus one; seen
+        # once in CI). Without the limit the same backlog takes maxReplicas, 4.
+        assert max(sampler.replicas) <= 3, sampler.replicas
         assert ("True", "LimitReached") in seen, seen
         wait_for(lambda: (queue_condition(c, "RateLimited") or {}).get("status") == "False", timeout=30,
                  what="RateLimited=False once the backlog is done")
